@@ -1,0 +1,42 @@
+"""Humanoid bring-up: `ros2 launch oxygen_ros humanoid.launch.py [use_sim:=true] ...`.
+
+The node graph and argument handling live in `oxygen_ros.graph` (shared with the project's own
+bring-up command, so the two cannot drift); this file only maps them onto launch/launch_ros.
+"""
+
+from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.substitutions import LaunchConfiguration
+from launch_ros.actions import Node
+
+from launch import LaunchDescription
+from oxygen_ros import graph
+
+
+def _nodes(context, *args, **kwargs):
+    values = {a.name: LaunchConfiguration(a.name).perform(context) for a in graph.LAUNCH_ARGUMENTS}
+    return [
+        Node(
+            package=graph.PACKAGE,
+            executable=node.spec.executable,
+            name=node.spec.name,
+            namespace=node.namespace or None,
+            parameters=[node.params_file, node.overrides]
+            if node.overrides
+            else [node.params_file],
+            output="screen",
+            emulate_tty=True,
+        )
+        for node in graph.resolve(values)
+    ]
+
+
+def generate_launch_description() -> LaunchDescription:
+    return LaunchDescription(
+        [
+            *(
+                DeclareLaunchArgument(a.name, default_value=a.default, description=a.description)
+                for a in graph.LAUNCH_ARGUMENTS
+            ),
+            OpaqueFunction(function=_nodes),
+        ]
+    )

@@ -1,0 +1,171 @@
+"""Frozen engine configuration: model presets, prompts, cache, scheduler, one `EngineConfig`.
+
+Presets (`get_model_config(name)`):
+- `pi05`: the real pi0.5 model, openpi `gemma_2b` prefix LLM + `gemma_300m` action expert +
+  SigLIP `So400m/14` at 224 px, bfloat16 (3.35e9 parameters).
+- `tiny`: openpi's `dummy` Gemma for both experts + SigLIP `mu/14` at 224 px, float32
+  (about 17e6 parameters, most of them the 257,152-row embedding). Same code paths and
+  prefix length as `pi05`, so it exercises everything on a CPU in CI.
+
+Invariants:
+- Every config is a frozen, hashable dataclass; compiled model functions are cached per
+  `ModelConfig` value.
+- Both Gemma experts share depth, heads, kv heads and head dim (openpi requires it).
+- The prefix length S is fixed per model config: image tokens of every slot + max_token_len.
+- A language request fits a cache slot when its tail plus max_tokens - 1 fit `max_seq_len`
+  (the last sampled token is never written to the cache).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from typing import Literal
+
+from oxygen_ros.engine.types import RequestKind
+
+PRESET_NAMES = ("tiny", "pi05")
+PI05_IMAGE_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
+PALIGEMMA_VOCAB_SIZE = 257_152  # rows of the tied embedding in every openpi Gemma variant
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and numerics of one pi0.5 model (everything that changes compiled code)."""
+
+    name: str
+    paligemma_variant: str = "gemma_2b"  # openpi gemma variant of the prefix LLM
+    action_expert_variant: str = "gemma_300m"  # openpi gemma variant of the action expert
+    vision_variant: str = "So400m/14"  # openpi siglip variant, "<size>/<patch>"
+    image_resolution: tuple[int, int] = (224, 224)  # (height, width) the tower sees
+    image_keys: tuple[str, ...] = PI05_IMAGE_KEYS  # camera slots, in prefix order
+    action_dim: int = 32  # J: model action (and padded state) dimension
+    action_horizon: int = 50  # A: actions per chunk
+    num_denoise_steps: int = 10  # flow-matching Euler steps
+    max_token_len: int = 200  # prompt token budget inside the prefix
+    dtype: str = "bfloat16"  # compute dtype (activations and kv cache)
+    param_dtype: str = "float32"  # dtype parameters are initialised or restored in
+
+    @property
+    def patch_size(self) -> int:
+        return int(self.vision_variant.split("/")[1])
+
+    @property
+    def num_image_tokens(self) -> int:
+        """Tokens one camera slot contributes to the prefix."""
+        height, width = self.image_resolution
+        return (height // self.patch_size) * (width // self.patch_size)
+
+    @property
+    def prefix_len(self) -> int:
+        """S: fixed prefix length (all image slots + prompt budget)."""
+        return len(self.image_keys) * self.num_image_tokens + self.max_token_len
+
+
+def get_model_config(name: str) -> ModelConfig:
+    """Returns the named preset (`tiny` or `pi05`)."""
+    if name == "tiny":
+        return ModelConfig(
+            name="tiny",
+            paligemma_variant="dummy",
+            action_expert_variant="dummy",
+            vision_variant="mu/14",
+            action_horizon=10,
+            dtype="float32",
+            param_dtype="float32",
+        )
+    if name == "pi05":
+        return ModelConfig(name="pi05", dtype="bfloat16", param_dtype="bfloat16")
+    raise ValueError(f"unknown model preset {name!r}; known presets: {', '.join(PRESET_NAMES)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LanguageTaskConfig:
+    """Defaults for one language task kind."""
+
+    tail: str  # text appended after the shared prefix, tokenised without BOS
+    max_tokens: int  # default max_tokens of a request of this kind
+    priority: int  # default priority; lower runs first
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptConfig:
+    """Language task tails; the action prompt itself is openpi's pi0.5 format (prompts.py)."""
+
+    subtask: LanguageTaskConfig = LanguageTaskConfig("\nSubtask: ", max_tokens=16, priority=0)
+    narration: LanguageTaskConfig = LanguageTaskConfig("\nNarration: ", max_tokens=32, priority=1)
+    memory: LanguageTaskConfig = LanguageTaskConfig("\nMemory: ", max_tokens=32, priority=2)
+    max_tail_len: int = 16  # token budget of a tail; tails are padded to it
+
+    def task(self, kind: RequestKind) -> LanguageTaskConfig:
+        return {
+            RequestKind.SUBTASK: self.subtask,
+            RequestKind.NARRATION: self.narration,
+            RequestKind.MEMORY: self.memory,
+        }[kind]
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheConfig:
+    """Fixed capacity of the language KV cache (shapes of the compiled decode step)."""
+
+    num_slots: int = 8  # B: rows of a decode step, i.e. concurrently decoding requests
+    num_prefixes: int = 2  # P: stored prefixes (frames) language requests can read from
+    max_seq_len: int = 64  # T: tail + generated tokens one slot holds
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """How language decoding is spread over frames (scheduler.py owns the policy)."""
+
+    mode: Literal["shared_kv", "isolated"] = "shared_kv"  # one prefill per frame, or per task
+    policy: Literal["to_completion", "fixed", "deadline"] = "to_completion"
+    decode_steps_per_frame: int = 8  # `fixed` policy: decode steps after each frame's actions
+    frame_deadline_s: float = 0.1  # `deadline` policy: stop decoding when the frame is this old
+
+
+@dataclasses.dataclass(frozen=True)
+class NormConfig:
+    """State/action normalisation with openpi norm stats (`assets/<id>/norm_stats.json`)."""
+
+    use_quantiles: bool = True  # pi0.5 trains with quantile (q01/q99) normalisation
+    state_key: str = "state"
+    actions_key: str = "actions"
+
+
+def default_tokenizer_path() -> pathlib.Path:
+    """Where openpi caches the PaliGemma SentencePiece model."""
+    home = os.environ.get("OPENPI_DATA_HOME", "~/.cache/openpi")
+    return pathlib.Path(home).expanduser() / "big_vision" / "paligemma_tokenizer.model"
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """The one object an `Engine` is built from."""
+
+    model: ModelConfig = dataclasses.field(default_factory=lambda: get_model_config("tiny"))
+    prompt: PromptConfig = dataclasses.field(default_factory=PromptConfig)
+    cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
+    norm: NormConfig = dataclasses.field(default_factory=NormConfig)
+    checkpoint_dir: str | None = None  # openpi checkpoint (params/, assets/); None: random init
+    assets_id: str | None = None  # assets/<assets_id>/norm_stats.json; None: no normalisation
+    tokenizer_path: str | None = None  # None: default_tokenizer_path(), else the bundled model
+    action_output_dim: int | None = None  # None: the norm stats' action dim, else model dim
+    seed: int = 0  # parameter init and action noise
+
+    def __post_init__(self) -> None:
+        needed = self.prompt.max_tail_len + max(
+            self.prompt.task(kind).max_tokens for kind in RequestKind
+        )
+        if needed - 1 > self.cache.max_seq_len:
+            raise ValueError(
+                f"cache.max_seq_len={self.cache.max_seq_len} is too small for max_tail_len="
+                f"{self.prompt.max_tail_len} plus the largest default max_tokens (needs {needed - 1})"
+            )
+
+
+def get_engine_config(preset: str = "tiny", **overrides: object) -> EngineConfig:
+    """Returns an `EngineConfig` for a model preset, with top-level fields overridden."""
+    return EngineConfig(model=get_model_config(preset), **overrides)  # type: ignore[arg-type]

@@ -1,0 +1,152 @@
+"""pi0.5 as an nnx module assembled from openpi's own modules, with a configurable image tower.
+
+openpi's `Pi0.__init__` hard-codes the SigLIP `So400m/14` tower; `Pi05Model` builds the same
+model from the same openpi modules (`openpi.models.gemma.Module` with two expert configs and
+adaRMS on the action expert, `openpi.models.siglip.Module`, nnx `Linear` projections and the
+time MLP) but takes the tower variant from `ModelConfig`. Nothing of openpi is copied or
+patched; only its modules are instantiated.
+
+Axes: B batch, S prefix length, A action horizon, J action dim, D prefix LLM width,
+W action expert width, V vocabulary (257,152 rows of the tied embedding).
+
+Invariants:
+- The parameter tree (paths, shapes, dtypes) equals openpi's `Pi0(Pi0Config(pi05=True, ...))`
+  for the same Gemma variants when `vision_variant="So400m/14"`, so openpi checkpoints load
+  unchanged. Parameters are created in the same order with the same rng stream, so with the
+  same seed the values are equal too.
+- The module keeps no hidden state: caches are data passed through `model_fns`.
+- At random init the adaRMS modulation and the SigLIP head are zero, so actions ignore the
+  observation until real (or perturbed) parameters are loaded.
+"""
+
+from __future__ import annotations
+
+import einops
+import flax.nnx as nnx
+import flax.nnx.bridge as nnx_bridge
+import jax
+import jax.numpy as jnp
+import numpy as np
+import openpi.models.gemma as _gemma
+import openpi.models.siglip as _siglip
+from jaxtyping import Array, Bool, Float, Int
+from openpi.models.pi0 import posemb_sincos
+
+from oxygen_ros.engine.config import ModelConfig
+
+# openpi's time embedding period range for the flow-matching timestep (pi0.py).
+TIME_MIN_PERIOD = 4e-3
+TIME_MAX_PERIOD = 4.0
+
+
+def _embedder_decode(module: _gemma.Module, hidden: Array) -> Array:
+    """Runs openpi's tied-embedding output head inside the linen module."""
+    return module.embedder.decode(hidden)
+
+
+class Pi05Model(nnx.Module):
+    """pi0.5: PaliGemma (SigLIP + Gemma) prefix LLM and an adaRMS action expert."""
+
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs) -> None:
+        self.config = config
+        llm_config = _gemma.get_config(config.paligemma_variant)  # type: ignore[arg-type]
+        expert_config = _gemma.get_config(config.action_expert_variant)  # type: ignore[arg-type]
+        llm = nnx_bridge.ToNNX(
+            _gemma.Module(
+                configs=[llm_config, expert_config], embed_dtype=config.dtype, adarms=True
+            )
+        )
+        llm.lazy_init(rngs=rngs, method="init", use_adarms=[False, True])
+        img = nnx_bridge.ToNNX(
+            _siglip.Module(
+                num_classes=llm_config.width,
+                variant=config.vision_variant,
+                pool_type="none",
+                scan=True,
+                dtype_mm=config.dtype,
+            )
+        )
+        img.lazy_init(jnp.ones((1, *config.image_resolution, 3)), train=False, rngs=rngs)
+        # Attribute names and creation order are openpi's Pi0(pi05=True): they define the tree.
+        self.PaliGemma = nnx.Dict(llm=llm, img=img)
+        width = expert_config.width
+        self.action_in_proj = nnx.Linear(config.action_dim, width, rngs=rngs)
+        self.time_mlp_in = nnx.Linear(width, width, rngs=rngs)
+        self.time_mlp_out = nnx.Linear(width, width, rngs=rngs)
+        self.action_out_proj = nnx.Linear(width, config.action_dim, rngs=rngs)
+
+    @property
+    def llm(self) -> nnx_bridge.ToNNX:
+        """openpi's two-expert Gemma (`openpi.models.gemma.Module`)."""
+        return self.PaliGemma["llm"]
+
+    def embed_tokens(self, tokens: Int[Array, "b t"]) -> Float[Array, "b t d"]:
+        return self.llm(tokens, method="embed")
+
+    def logits(self, hidden: Float[Array, "*n d"]) -> Float[Array, "*n v"]:
+        """Tied-embedding output head (openpi `Embedder.decode`)."""
+        return self.llm(hidden, method=_embedder_decode)
+
+    def embed_prefix(
+        self,
+        images: dict[str, Float[Array, "b h w 3"]],
+        image_masks: dict[str, Bool[Array, " b"]],
+        tokens: Int[Array, "b l"],
+        token_mask: Bool[Array, "b l"],
+    ) -> tuple[Float[Array, "b s d"], Bool[Array, "b s"], Bool[Array, " s"]]:
+        """Image tokens of every slot (in `config.image_keys` order) then prompt tokens.
+
+        Images are float in [-1, 1] at `config.image_resolution`. Returns the embeddings,
+        the validity mask and openpi's autoregressive mask (all False: bidirectional prefix).
+        """
+        embeddings, masks = [], []
+        for key in self.config.image_keys:
+            image_tokens, _ = self.PaliGemma["img"](images[key], train=False)
+            embeddings.append(image_tokens)
+            masks.append(einops.repeat(image_masks[key], "b -> b s", s=image_tokens.shape[1]))
+        embeddings.append(self.embed_tokens(tokens))
+        masks.append(token_mask)
+        embedded = jnp.concatenate(embeddings, axis=1)
+        mask = jnp.concatenate(masks, axis=1)
+        return embedded, mask, jnp.zeros((embedded.shape[1],), dtype=bool)
+
+    def embed_suffix(
+        self, noisy_actions: Float[Array, "b a j"], timestep: Float[Array, " b"]
+    ) -> tuple[Float[Array, "b a w"], Float[Array, "b w"]]:
+        """Action tokens and the adaRMS condition (time MLP of the sin-cos timestep)."""
+        action_tokens = self.action_in_proj(noisy_actions)
+        time_emb = posemb_sincos(
+            timestep, self.action_in_proj.out_features, TIME_MIN_PERIOD, TIME_MAX_PERIOD
+        )
+        time_emb = nnx.swish(self.time_mlp_in(time_emb))
+        time_emb = nnx.swish(self.time_mlp_out(time_emb))
+        return action_tokens, time_emb
+
+
+def create_model(config: ModelConfig, seed: int = 0) -> Pi05Model:
+    """Randomly initialised model, parameters cast to `config.param_dtype`."""
+    model = Pi05Model(config, nnx.Rngs(jax.random.key(seed)))
+    if jnp.dtype(config.param_dtype) != jnp.float32:
+        graphdef, state = nnx.split(model)
+        state = jax.tree.map(lambda x: x.astype(config.param_dtype), state)
+        model = nnx.merge(graphdef, state)
+    return model
+
+
+def abstract_model(config: ModelConfig) -> Pi05Model:
+    """Shape-only model (no parameter memory), e.g. for tree checks of the real preset."""
+    return nnx.eval_shape(lambda: create_model(config))
+
+
+def param_shapes(model: Pi05Model) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Flat {"a/b/c": (shape, dtype)} of every parameter, for tree comparisons."""
+    out = {}
+    for path, leaf in nnx.state(model, nnx.Param).flat_state():
+        value = leaf.get_value() if hasattr(leaf, "get_value") else leaf.value
+        out["/".join(str(p) for p in path)] = (tuple(value.shape), str(value.dtype))
+    return out
+
+
+def param_count(model: Pi05Model) -> int:
+    """Number of parameters, from shapes only (works on `abstract_model`)."""
+    return int(sum(np.prod(shape) for shape, _ in param_shapes(model).values()))

@@ -1,0 +1,75 @@
+"""Rebuild the project's small SentencePiece model from the text it ships.
+
+The real pi0.5 tokenizer (PaliGemma's SentencePiece, 257,152 pieces) cannot be downloaded on
+the project's machines and no package ships it. For randomly initialised runs and tests the
+engine uses this small model instead, trained offline from
+`oxygen_ros/engine/assets/tokenizer_corpus.txt` (robot tasks in openpi's pi0.5 prompt format,
+subtasks, narrations, memories, written for this project).
+
+It is trained like Gemma's tokenizer is configured: BPE, byte fallback (every string
+encodes, no unk), digits split, identity normalisation, no dummy prefix, whitespace kept, and
+PaliGemma's special ids pad=0, eos=1, bos=2, unk=3.
+
+Usage (from the repository root; deterministic, single-threaded):
+    python scripts/build_tokenizer.py [--output PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+import sentencepiece
+
+ASSETS = pathlib.Path(__file__).resolve().parents[1] / "oxygen_ros" / "engine" / "assets"
+CORPUS = ASSETS / "tokenizer_corpus.txt"
+OUTPUT = ASSETS / "oxygen_tiny_tokenizer.model"
+VOCAB_SIZE = 640
+
+
+def build(corpus: pathlib.Path, output: pathlib.Path, vocab_size: int = VOCAB_SIZE) -> None:
+    """Trains the model from `corpus` and writes it to `output` (a .model file)."""
+    proto = _train(corpus, vocab_size)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_bytes(proto)
+
+
+def _train(corpus: pathlib.Path, vocab_size: int) -> bytes:
+    import io
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=vocab_size,
+        byte_fallback=True,
+        split_digits=True,
+        normalization_rule_name="identity",
+        add_dummy_prefix=False,
+        remove_extra_whitespaces=False,
+        allow_whitespace_only_pieces=True,
+        character_coverage=1.0,
+        pad_id=0,
+        eos_id=1,
+        bos_id=2,
+        unk_id=3,
+        num_threads=1,
+        shuffle_input_sentence=False,
+        minloglevel=2,
+    )
+    return model.getvalue()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", type=pathlib.Path, default=CORPUS)
+    parser.add_argument("--output", type=pathlib.Path, default=OUTPUT)
+    parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
+    args = parser.parse_args()
+    build(args.corpus, args.output, args.vocab_size)
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Helpers for tests that start real ROS 2 node processes and talk to them over DDS.
+
+Invariants: nothing here sleeps for a fixed time to wait for the system; every wait polls a
+condition with a deadline and fails with a message naming what did not happen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DISCOVERY_TIMEOUT_S = 15.0  # discovery usually takes 0.1-0.2 s, sometimes about 3 s
+
+
+def wait_for(
+    predicate: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.01
+) -> None:
+    """Polls `predicate` until it is true; raises AssertionError naming `what` on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.1f} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+@dataclass
+class NodeProcess:
+    """A node started as its own OS process (`python -m <module> --ros-args ...`)."""
+
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGINT, timeout_s: float = 15.0) -> int:
+        """Sends `sig` and waits for exit; kills after `timeout_s`. Returns the exit code."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        return self.popen.returncode
+
+
+@dataclass
+class ProcessLauncher:
+    """Starts node processes with the test run's ROS environment and stops them at teardown."""
+
+    env: dict[str, str]
+    workdir: Path
+    processes: list[NodeProcess] = field(default_factory=list)
+
+    def start(
+        self,
+        module: str,
+        ros_args: Sequence[str] = (),
+        name: str | None = None,
+        args: Sequence[str] = (),
+    ) -> NodeProcess:
+        name = name or Path(module).stem.rsplit(".", 1)[-1]
+        log_path = self.workdir / f"{name}-{len(self.processes)}.log"
+        # A path to a .py file runs as a script, anything else as a module.
+        target = [module] if module.endswith(".py") else ["-m", module]
+        cmd = [sys.executable, *target, *args]
+        if ros_args:
+            cmd += ["--ros-args", *ros_args]
+        with log_path.open("wb") as log_file:
+            popen = subprocess.Popen(
+                cmd, env=self.env, cwd=self.workdir, stdout=log_file, stderr=subprocess.STDOUT
+            )
+        proc = NodeProcess(name, popen, log_path)
+        self.processes.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()
+
+
+class SpinningNode:
+    """An rclpy node in the test process, spun by a background executor thread."""
+
+    def __init__(self, name: str) -> None:
+        import rclpy
+        from rclpy.executors import MultiThreadedExecutor
+
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context)
+        self.node = rclpy.create_node(name, context=self.context)
+        self.executor = MultiThreadedExecutor(num_threads=2, context=self.context)
+        self.executor.add_node(self.node)
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self._thread.start()
+
+    def _spin(self) -> None:
+        from rclpy.executors import ExternalShutdownException
+
+        with contextlib.suppress(ExternalShutdownException):
+            self.executor.spin()
+
+    def collect(self, msg_type, topic: str, qos=10) -> list:
+        """Subscribes to `topic`; returns the list the messages are appended to."""
+        received: list = []
+        self.node.create_subscription(msg_type, topic, received.append, qos)
+        return received
+
+    def wait_for_subscribers(
+        self, publisher, count: int = 1, timeout_s: float = DISCOVERY_TIMEOUT_S
+    ) -> None:
+        wait_for(
+            lambda: publisher.get_subscription_count() >= count,
+            timeout_s,
+            f"{count} subscriber(s) on {publisher.topic_name}",
+        )
+
+    def wait_for_publishers(
+        self, topic: str, count: int = 1, timeout_s: float = DISCOVERY_TIMEOUT_S
+    ) -> None:
+        wait_for(
+            lambda: self.node.count_publishers(topic) >= count,
+            timeout_s,
+            f"{count} publisher(s) on {topic}",
+        )
+
+    def close(self) -> None:
+        self.executor.shutdown(timeout_sec=5)
+        self.node.destroy_node()
+        if self.context.ok():
+            self.context.try_shutdown()
+        self._thread.join(5)
+
+
+def ros_test_env(log_dir: Path, domain_id: int) -> dict[str, str]:
+    """The environment for node processes of this test run."""
+    env = dict(os.environ)
+    env.update(
+        ROS_DOMAIN_ID=str(domain_id),
+        ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST",
+        ROS_LOG_DIR=str(log_dir),
+        PYTHONUNBUFFERED="1",
+        RCUTILS_LOGGING_BUFFERED_STREAM="0",
+    )
+    return env
