@@ -12,8 +12,7 @@ W action expert width, V vocabulary (257,152 rows of the tied embedding).
 Invariants:
 - The parameter tree (paths, shapes, dtypes) equals openpi's `Pi0(Pi0Config(pi05=True, ...))`
   for the same Gemma variants when `vision_variant="So400m/14"`, so openpi checkpoints load
-  unchanged. Parameters are created in the same order with the same rng stream, so with the
-  same seed the values are equal too.
+  unchanged. Parameters are created in openpi's order from the same rng stream.
 - The module keeps no hidden state: caches are data passed through `model_fns`.
 - At random init the adaRMS modulation and the SigLIP head are zero, so actions ignore the
   observation until real (or perturbed) parameters are loaded.
@@ -123,19 +122,27 @@ class Pi05Model(nnx.Module):
         return action_tokens, time_emb
 
 
+def _init_state(config: ModelConfig, key: jax.Array) -> nnx.State:
+    state = nnx.state(Pi05Model(config, nnx.Rngs(key)))
+    return jax.tree.map(lambda x: x.astype(config.param_dtype), state)
+
+
 def create_model(config: ModelConfig, seed: int = 0) -> Pi05Model:
-    """Randomly initialised model, parameters cast to `config.param_dtype`."""
-    model = Pi05Model(config, nnx.Rngs(jax.random.key(seed)))
-    if jnp.dtype(config.param_dtype) != jnp.float32:
-        graphdef, state = nnx.split(model)
-        state = jax.tree.map(lambda x: x.astype(config.param_dtype), state)
-        model = nnx.merge(graphdef, state)
-    return model
+    """Randomly initialised model, parameters in `config.param_dtype` (init runs jitted)."""
+    graphdef = nnx.graphdef(abstract_model(config))
+    state = jax.jit(_init_state, static_argnums=0)(config, jax.random.key(seed))
+    return nnx.merge(graphdef, state)
 
 
 def abstract_model(config: ModelConfig) -> Pi05Model:
     """Shape-only model (no parameter memory), e.g. for tree checks of the real preset."""
-    return nnx.eval_shape(lambda: create_model(config))
+
+    def build() -> Pi05Model:
+        model = Pi05Model(config, nnx.Rngs(0))
+        graphdef, state = nnx.split(model)
+        return nnx.merge(graphdef, jax.tree.map(lambda x: x.astype(config.param_dtype), state))
+
+    return nnx.eval_shape(build)
 
 
 def param_shapes(model: Pi05Model) -> dict[str, tuple[tuple[int, ...], str]]:

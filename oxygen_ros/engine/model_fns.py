@@ -1,0 +1,334 @@
+"""Pure model functions (prefill, denoise, extend, decode_step, sampling) and their jitted form.
+
+One control frame: `prefill` runs the prefix (images + pi0.5 prompt) once, bidirectionally,
+and returns its KV cache. `denoise` runs openpi's flow-matching loop with the action expert
+reading that cache. Language tasks `extend` the same cache with their tail (causally), then
+`decode_step` generates one token per active slot from a fixed-capacity cache.
+
+Axes: L layers, B batch/slot rows, P stored prefixes, S prefix length, T tail/generated length,
+K kv heads, H head dim, D model width, V vocabulary, A action horizon, J action dim.
+
+KV layout follows openpi: k and v are [L, B, S, K, H], keys already rotated (RoPE).
+
+Invariants:
+- The action expert attends only to the prefix (never to tails or generated text); `denoise`
+  computes exactly openpi's `Pi0.sample_actions` loop for the same prefix and noise.
+- Positions: prefix tokens use cumsum(mask) - 1 (openpi); a tail and its generated tokens
+  continue at the prefix's valid length, so row b's gen-cache entry j sits at position
+  valid_len(prefix[b]) + j.
+- `decode_step` has fixed shapes: inactive rows are masked (they attend only to themselves,
+  and their cache is not written), so one compilation serves 1..B active rows; a row's
+  result does not depend on the other rows.
+- Callers keep gen_len < T for active rows (the cache module answers "does not fit").
+- Sampling is stateless: token i of a request uses fold_in(key(seed), i), so it does not
+  depend on batching or on which frame decodes it. Temperature <= 0 is greedy.
+- Compiled functions are cached per `ModelConfig`; parameters are arguments, so every
+  model of one config shares one compilation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import einops
+import flax.nnx as nnx
+import jax
+import jax.numpy as jnp
+import openpi.models.gemma as _gemma
+from jaxtyping import Array, Bool, Float, Int
+from openpi.models.pi0 import make_attn_mask
+
+from oxygen_ros.engine.config import ModelConfig
+from oxygen_ros.engine.model import Pi05Model, abstract_model
+
+
+class PrefixInputs(NamedTuple):
+    """Model-ready prefix inputs for B observations."""
+
+    images: dict[str, Float[Array, "b h w 3"]]  # per slot, float32 in [-1, 1]
+    image_masks: dict[str, Bool[Array, " b"]]  # per slot, valid
+    tokens: Int[Array, "b l"]  # pi0.5 prompt tokens, right-padded to max_token_len
+    token_mask: Bool[Array, "b l"]
+
+
+class Prefix(NamedTuple):
+    """KV cache of B prefixes (or, as a prefix store, of P stored prefixes)."""
+
+    k: Float[Array, "l b s k h"]
+    v: Float[Array, "l b s k h"]
+    mask: Bool[Array, "b s"]  # valid prefix positions
+
+
+def prefill(model: Pi05Model, inputs: PrefixInputs) -> Prefix:
+    """Runs the prefix LLM over images + prompt (bidirectional) and returns its KV cache."""
+    embedded, mask, ar_mask = model.embed_prefix(
+        inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask
+    )
+    positions = jnp.cumsum(mask, axis=1) - 1
+    _, (k, v) = model.llm([embedded, None], mask=make_attn_mask(mask, ar_mask), positions=positions)
+    return Prefix(k, v, mask)
+
+
+def denoise(
+    model: Pi05Model, prefix: Prefix, noise: Float[Array, "b a j"], num_steps: int
+) -> Float[Array, "b a j"]:
+    """Flow matching from t=1 (noise) to t=0 (actions) with Euler steps, reading the prefix."""
+    batch, horizon = noise.shape[:2]
+    dt = -1.0 / num_steps
+    # Action tokens see every valid prefix token and each other (openpi suffix ar mask).
+    suffix_mask = jnp.ones((batch, horizon), dtype=bool)
+    suffix_ar = jnp.zeros((horizon,), dtype=bool).at[0].set(True)
+    attn_mask = jnp.concatenate(
+        [
+            einops.repeat(prefix.mask, "b s -> b a s", a=horizon),
+            make_attn_mask(suffix_mask, suffix_ar),
+        ],
+        axis=-1,
+    )
+    positions = jnp.sum(prefix.mask, axis=-1)[:, None] + jnp.cumsum(suffix_mask, axis=-1) - 1
+
+    def step(_: int, carry: tuple[Array, Array]) -> tuple[Array, Array]:
+        x_t, time = carry
+        tokens, adarms_cond = model.embed_suffix(x_t, jnp.broadcast_to(time, batch))
+        (_, out), _ = model.llm(
+            [None, tokens],
+            mask=attn_mask,
+            positions=positions,
+            kv_cache=(prefix.k, prefix.v),
+            adarms_cond=[None, adarms_cond],
+        )
+        v_t = model.action_out_proj(out[:, -horizon:])
+        return x_t + dt * v_t, time + dt
+
+    actions, _ = jax.lax.fori_loop(0, num_steps, step, (noise, jnp.float32(1.0)))
+    return actions
+
+
+def _gather_prefix(store: Prefix, index: Int[Array, " b"]) -> Prefix:
+    return Prefix(store.k[:, index], store.v[:, index], store.mask[index])
+
+
+def extend(
+    model: Pi05Model,
+    store: Prefix,
+    prefix_index: Int[Array, " b"],
+    tail_tokens: Int[Array, "b t"],
+    tail_mask: Bool[Array, "b t"],
+) -> tuple[Float[Array, "l b t k h"], Float[Array, "l b t k h"], Float[Array, "b v"]]:
+    """Prefills language tails after stored prefixes, causally.
+
+    Row b reads prefix `store[prefix_index[b]]`; its tail is left-aligned (tail_mask a run
+    of True then False) and starts at the prefix's valid length. Returns the tails' k/v
+    [L, B, T, K, H] (padded positions hold junk, beyond the row's tail length) and the
+    logits of each row's last valid tail token.
+    """
+    prefix = _gather_prefix(store, prefix_index)
+    num_tail = tail_tokens.shape[1]
+    start = jnp.sum(prefix.mask, axis=-1)
+    positions = start[:, None] + jnp.cumsum(tail_mask, axis=-1) - 1
+    causal = make_attn_mask(tail_mask, jnp.ones((num_tail,), dtype=bool))
+    attn_mask = jnp.concatenate(
+        [einops.repeat(prefix.mask, "b s -> b t s", t=num_tail), causal], axis=-1
+    )
+    (out, _), (k, v) = model.llm(
+        [model.embed_tokens(tail_tokens), None],
+        mask=attn_mask,
+        positions=positions,
+        kv_cache=(prefix.k, prefix.v),
+    )
+    last = jnp.maximum(jnp.sum(tail_mask, axis=-1) - 1, 0)
+    hidden = jnp.take_along_axis(out, last[:, None, None], axis=1)[:, 0]
+    num_prefix = prefix.k.shape[2]
+    return k[:, :, num_prefix:], v[:, :, num_prefix:], model.logits(hidden)
+
+
+def decode_step(
+    model: Pi05Model,
+    store: Prefix,
+    slot_prefix: Int[Array, " b"],
+    gen_k: Float[Array, "l b t k h"],
+    gen_v: Float[Array, "l b t k h"],
+    gen_len: Int[Array, " b"],
+    tokens: Int[Array, " b"],
+    active: Bool[Array, " b"],
+) -> tuple[Float[Array, "b v"], Float[Array, "l b t k h"], Float[Array, "l b t k h"]]:
+    """One token per slot row; returns logits [B, V] and the updated gen cache.
+
+    Row b feeds `tokens[b]` at position valid_len(prefix) + gen_len[b], attends to its stored
+    prefix `store[slot_prefix[b]]`, to its first gen_len[b] gen-cache entries and to itself,
+    and writes its k/v at gen-cache index gen_len[b]. Inactive rows write nothing.
+    """
+    batch, capacity = gen_k.shape[1], gen_k.shape[2]
+    prefix = _gather_prefix(store, slot_prefix)
+    positions = (jnp.sum(prefix.mask, axis=-1) + gen_len)[:, None]
+    gen_valid = jnp.arange(capacity)[None, :] < gen_len[:, None]
+    attn_mask = jnp.concatenate(
+        [
+            prefix.mask & active[:, None],
+            gen_valid & active[:, None],
+            jnp.ones((batch, 1), dtype=bool),
+        ],
+        axis=-1,
+    )[:, None, :]
+    cache = (
+        jnp.concatenate([prefix.k, gen_k], axis=2),
+        jnp.concatenate([prefix.v, gen_v], axis=2),
+    )
+    (out, _), (k, v) = model.llm(
+        [model.embed_tokens(tokens[:, None]), None],
+        mask=attn_mask,
+        positions=positions,
+        kv_cache=cache,
+    )
+    rows = jnp.arange(batch)
+    write_at = jnp.where(active, gen_len, capacity)  # out of range: dropped
+    gen_k = gen_k.at[:, rows, write_at].set(k[:, :, -1], mode="drop")
+    gen_v = gen_v.at[:, rows, write_at].set(v[:, :, -1], mode="drop")
+    return model.logits(out[:, 0]), gen_k, gen_v
+
+
+def write_tail(
+    gen_k: Float[Array, "l b t k h"],
+    gen_v: Float[Array, "l b t k h"],
+    rows: Int[Array, " n"],
+    tail_k: Float[Array, "l n u k h"],
+    tail_v: Float[Array, "l n u k h"],
+) -> tuple[Float[Array, "l b t k h"], Float[Array, "l b t k h"]]:
+    """Copies n tails (length U <= T) into gen-cache rows; a row index >= B is dropped."""
+    num_tail = tail_k.shape[2]
+    gen_k = gen_k.at[:, rows, :num_tail].set(tail_k.astype(gen_k.dtype), mode="drop")
+    gen_v = gen_v.at[:, rows, :num_tail].set(tail_v.astype(gen_v.dtype), mode="drop")
+    return gen_k, gen_v
+
+
+def sample_tokens(
+    logits: Float[Array, "b v"],
+    temperature: Float[Array, " b"],
+    seeds: Int[Array, " b"],
+    indices: Int[Array, " b"],
+    vocab_size: int,
+) -> Int[Array, " b"]:
+    """Greedy (temperature <= 0) or temperature sampling over the first `vocab_size` ids."""
+    logits = logits[:, :vocab_size].astype(jnp.float32)
+    greedy = jnp.argmax(logits, axis=-1)
+    keys = jax.vmap(lambda s, i: jax.random.fold_in(jax.random.key(s), i))(seeds, indices)
+    scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
+    sampled = jax.vmap(jax.random.categorical)(keys, scaled)
+    return jnp.where(temperature > 0, sampled, greedy).astype(jnp.int32)
+
+
+def full_forward_logits(
+    model: Pi05Model,
+    inputs: PrefixInputs,
+    text_tokens: Int[Array, "b t"],
+    text_mask: Bool[Array, "b t"],
+) -> Float[Array, "b t v"]:
+    """Uncached reference: prefix (bidirectional) + text (causal) in one pass, logits per text token."""
+    embedded, mask, ar_mask = model.embed_prefix(
+        inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask
+    )
+    embedded = jnp.concatenate([embedded, model.embed_tokens(text_tokens)], axis=1)
+    mask = jnp.concatenate([mask, text_mask], axis=1)
+    ar_mask = jnp.concatenate([ar_mask, jnp.ones((text_tokens.shape[1],), dtype=bool)])
+    positions = jnp.cumsum(mask, axis=1) - 1
+    (out, _), _ = model.llm([embedded, None], mask=make_attn_mask(mask, ar_mask), positions=positions)
+    return model.logits(out[:, -text_tokens.shape[1] :])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Compiled:
+    treedef: jax.tree_util.PyTreeDef
+    prefill: object
+    denoise: object
+    extend: object
+    decode_step: object
+    write_tail: object
+    sample_tokens: object
+    full_forward_logits: object
+
+
+@functools.cache
+def _compiled(config: ModelConfig) -> _Compiled:
+    graphdef, abstract_state = nnx.split(abstract_model(config))
+    treedef = jax.tree.structure(abstract_state)
+
+    def bind(fn):  # noqa: ANN001, ANN202 - fn(model, *args) -> jitted fn(leaves, *args)
+        def with_leaves(leaves, *args):  # noqa: ANN001, ANN202
+            return fn(nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves)), *args)
+
+        return with_leaves
+
+    return _Compiled(
+        treedef=treedef,
+        prefill=jax.jit(bind(prefill)),
+        denoise=jax.jit(bind(denoise), static_argnums=3),
+        extend=jax.jit(bind(extend)),
+        decode_step=jax.jit(bind(decode_step), donate_argnums=(3, 4)),
+        write_tail=jax.jit(write_tail, donate_argnums=(0, 1)),
+        sample_tokens=jax.jit(sample_tokens, static_argnums=4),
+        full_forward_logits=jax.jit(bind(full_forward_logits)),
+    )
+
+
+class JitModel:
+    """The model functions above, jitted (once per `ModelConfig`) and bound to one model's parameters."""
+
+    def __init__(self, model: Pi05Model) -> None:
+        self.config: ModelConfig = model.config
+        self._fns = _compiled(self.config)
+        leaves, treedef = jax.tree.flatten(nnx.state(model))
+        if treedef != self._fns.treedef:
+            raise ValueError(f"model state does not match the {self.config.name!r} parameter tree")
+        self._leaves = leaves
+
+    def prefill(self, inputs: PrefixInputs) -> Prefix:
+        return self._fns.prefill(self._leaves, inputs)
+
+    def denoise(self, prefix: Prefix, noise: Array, num_steps: int | None = None) -> Array:
+        steps = self.config.num_denoise_steps if num_steps is None else num_steps
+        return self._fns.denoise(self._leaves, prefix, noise, steps)
+
+    def extend(
+        self, store: Prefix, prefix_index: Array, tail_tokens: Array, tail_mask: Array
+    ) -> tuple[Array, Array, Array]:
+        return self._fns.extend(self._leaves, store, prefix_index, tail_tokens, tail_mask)
+
+    def decode_step(
+        self,
+        store: Prefix,
+        slot_prefix: Array,
+        gen_k: Array,
+        gen_v: Array,
+        gen_len: Array,
+        tokens: Array,
+        active: Array,
+    ) -> tuple[Array, Array, Array]:
+        """As `decode_step`; gen_k and gen_v are donated (do not reuse the passed arrays)."""
+        return self._fns.decode_step(
+            self._leaves, store, slot_prefix, gen_k, gen_v, gen_len, tokens, active
+        )
+
+    def write_tail(
+        self, gen_k: Array, gen_v: Array, rows: Array, tail_k: Array, tail_v: Array
+    ) -> tuple[Array, Array]:
+        """As `write_tail`; gen_k and gen_v are donated."""
+        return self._fns.write_tail(gen_k, gen_v, rows, tail_k, tail_v)
+
+    def sample_tokens(
+        self, logits: Array, temperature: Array, seeds: Array, indices: Array, vocab_size: int
+    ) -> Array:
+        return self._fns.sample_tokens(logits, temperature, seeds, indices, vocab_size)
+
+    def full_forward_logits(
+        self, inputs: PrefixInputs, text_tokens: Array, text_mask: Array
+    ) -> Array:
+        return self._fns.full_forward_logits(self._leaves, inputs, text_tokens, text_mask)
+
+    def empty_gen_cache(self, num_slots: int, max_seq_len: int) -> tuple[Array, Array]:
+        """Zeroed gen cache k, v [L, num_slots, max_seq_len, K, H] in the compute dtype."""
+        llm = _gemma.get_config(self.config.paligemma_variant)  # type: ignore[arg-type]
+        shape = (llm.depth, num_slots, max_seq_len, llm.num_kv_heads, llm.head_dim)
+        return jnp.zeros(shape, self.config.dtype), jnp.zeros(shape, self.config.dtype)
+

@@ -1,0 +1,277 @@
+"""The action stream between the engine thread and the publishing timer (ROS-free).
+
+The engine thread `offer`s each new action chunk; the publishing timer asks for a `slice`
+at its own rate. Every chunk row k has a time: `start + k * dt`, with `start` = the
+observation stamp + `time_offset_s`, so the inference latency shows up as rows that have
+already passed when the chunk arrives.
+
+Invariants:
+- A published slice never holds a row whose time is before the publish time: its first row
+  is the first one at or after `now` (re-based to the publish time).
+- Nothing stale is published: no slice when the chunk's observation is older than
+  `max_chunk_age_s`, or when every row has passed.
+- A chunk with a NaN/inf value or the wrong width is refused whole (`ChunkRejected`), and the
+  previous chunk stays current.
+- Rows are clamped to the position limits and, between consecutive rows (and from the
+  previous chunk into the new one), to the velocity limits; the clamps are counted.
+- On a new chunk, rows from `now` on are blended with the previous chunk sampled at the same
+  times: `replace` switches at once; `blend` moves the weight of the new chunk linearly from
+  1 / (N + 1) to 1 over `blend_steps` = N rows. Rows after the previous chunk's end are the
+  new chunk's own values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+BLEND_MODES = ("replace", "blend")
+TIME_EPS = 1e-9  # seconds; a row exactly at `now` counts as not yet passed
+
+
+class ChunkRejected(ValueError):
+    """A chunk that must never be published; `reason` is a counter name."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamConfig:
+    """Timing, blending and safety limits of the stream."""
+
+    dt: float  # seconds between chunk rows
+    num_joints: int  # J: columns of every chunk
+    blend_mode: str = "blend"  # one of BLEND_MODES
+    blend_steps: int = 5  # rows over which `blend` hands over to the new chunk
+    max_chunk_age_s: float = 1.0  # a chunk whose observation is older is not published
+    time_offset_s: float = 0.0  # row 0 time = observation stamp + this
+    position_lower: tuple[float, ...] = ()  # per joint, or () for no lower limit
+    position_upper: tuple[float, ...] = ()  # per joint, or () for no upper limit
+    max_velocity: tuple[float, ...] = ()  # per joint, units per second, or () for none
+
+    def __post_init__(self) -> None:
+        if not (self.dt > 0 and math.isfinite(self.dt)):
+            raise ValueError(f"dt must be positive, got {self.dt}")
+        if self.blend_mode not in BLEND_MODES:
+            raise ValueError(f"blend_mode must be one of {BLEND_MODES}, got {self.blend_mode!r}")
+        if self.blend_steps < 0:
+            raise ValueError("blend_steps must be >= 0")
+        if not self.max_chunk_age_s > 0:
+            raise ValueError("max_chunk_age_s must be > 0")
+        for name in ("position_lower", "position_upper", "max_velocity"):
+            value = getattr(self, name)
+            if len(value) not in (0, self.num_joints):
+                raise ValueError(f"{name} needs 0 or {self.num_joints} values, got {len(value)}")
+        if self.max_velocity and min(self.max_velocity) <= 0:
+            raise ValueError("max_velocity values must be > 0")
+        if self.position_lower and self.position_upper and any(
+            lo > hi for lo, hi in zip(self.position_lower, self.position_upper, strict=True)
+        ):
+            raise ValueError("position_lower must not exceed position_upper")
+
+
+@dataclasses.dataclass(frozen=True)
+class TimedChunk:
+    """An action chunk with a time for every row."""
+
+    chunk_id: int  # increments per accepted chunk
+    start: float  # time of rows[0], seconds
+    dt: float  # seconds between rows
+    rows: np.ndarray  # float32 [A, J], read-only
+    observation_stamp: float  # stamp of the observation it was inferred from
+    latency_s: float  # seconds from the observation stamp until the chunk was ready
+
+    @property
+    def end(self) -> float:
+        """Time of the last row."""
+        return self.start + (len(self.rows) - 1) * self.dt
+
+    def first_row_at_or_after(self, t: float) -> int:
+        """Index of the first row whose time is >= t (len(rows) when none is)."""
+        k = math.ceil((t - self.start) / self.dt - TIME_EPS)
+        return min(max(k, 0), len(self.rows))
+
+    def sample(self, t: float) -> np.ndarray:
+        """Row values at time t, linearly interpolated, held constant beyond both ends."""
+        x = (t - self.start) / self.dt
+        if x <= 0:
+            return self.rows[0].astype(np.float64)
+        if x >= len(self.rows) - 1:
+            return self.rows[-1].astype(np.float64)
+        k = int(math.floor(x))
+        frac = x - k
+        return (1 - frac) * self.rows[k].astype(np.float64) + frac * self.rows[k + 1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Slice:
+    """What one publish sends: the chunk's rows from `first_row` on."""
+
+    chunk: TimedChunk
+    first_row: int  # index into chunk.rows of rows[0]
+    stamp: float  # time of rows[0] (>= the publish time)
+    rows: np.ndarray  # float32 [n, J], n >= 1
+
+
+@dataclasses.dataclass
+class StreamCounters:
+    """Cumulative counts, reported in diagnostics."""
+
+    chunks_accepted: int = 0
+    chunks_non_finite: int = 0
+    chunks_bad_shape: int = 0
+    chunks_stale: int = 0  # refused because the observation was already too old
+    chunks_position_clamped: int = 0  # accepted chunks with at least one position clamp
+    chunks_velocity_clamped: int = 0  # accepted chunks with at least one velocity clamp
+
+
+class ActionStream:
+    """Holds the current chunk; not thread-safe (the node guards it with a lock)."""
+
+    def __init__(self, config: StreamConfig) -> None:
+        self.config = config
+        self.counters = StreamCounters()
+        self._current: TimedChunk | None = None
+        self._next_id = 0
+
+    @property
+    def current(self) -> TimedChunk | None:
+        return self._current
+
+    def reconfigure(self, config: StreamConfig) -> None:
+        """Takes new blending/age settings; the current chunk keeps its own timing."""
+        if config.num_joints != self.config.num_joints:
+            raise ValueError("num_joints cannot change at run time")
+        self.config = config
+
+    def clear(self) -> None:
+        """Forgets the current chunk (nothing is published until the next one)."""
+        self._current = None
+
+    def offer(
+        self, actions: np.ndarray, observation_stamp: float, latency_s: float, now: float
+    ) -> TimedChunk:
+        """Aligns, blends and clamps a new chunk and makes it current.
+
+        Args:
+            actions: float [A, J] from the engine, row 0 at the observation time.
+            observation_stamp: Stamp of the observation the chunk was inferred from.
+            latency_s: Seconds from the observation until the chunk was ready.
+            now: Current time, seconds.
+
+        Returns:
+            The chunk as it will be published.
+
+        Raises:
+            ChunkRejected: Wrong shape, non-finite values, or an observation older than
+                `max_chunk_age_s`. The previous chunk stays current.
+        """
+        cfg = self.config
+        rows = np.asarray(actions)
+        if rows.ndim != 2 or rows.shape[0] < 1 or rows.shape[1] != cfg.num_joints:
+            self.counters.chunks_bad_shape += 1
+            raise ChunkRejected(
+                "bad_shape", f"chunk shape {rows.shape}, expected [A>=1, {cfg.num_joints}]"
+            )
+        if not np.all(np.isfinite(rows)):
+            self.counters.chunks_non_finite += 1
+            raise ChunkRejected("non_finite", "chunk contains NaN or inf; discarded")
+        if now - observation_stamp > cfg.max_chunk_age_s:
+            self.counters.chunks_stale += 1
+            raise ChunkRejected(
+                "stale",
+                f"chunk's observation is {now - observation_stamp:.3f} s old "
+                f"(max_chunk_age_s={cfg.max_chunk_age_s})",
+            )
+        rows = rows.astype(np.float64, copy=True)
+        start = observation_stamp + cfg.time_offset_s
+        first = math.ceil((now - start) / cfg.dt - TIME_EPS)
+        first = min(max(first, 0), len(rows))
+        old = self._live_previous(now)
+        if old is not None:
+            self._blend(rows, start, first, old)
+        pos_clamped = self._clamp_positions(rows)
+        vel_clamped = self._clamp_velocities(rows, start, first, old)
+        self.counters.chunks_position_clamped += int(pos_clamped)
+        self.counters.chunks_velocity_clamped += int(vel_clamped)
+        out = rows.astype(np.float32)
+        out.flags.writeable = False
+        chunk = TimedChunk(self._next_id, start, cfg.dt, out, observation_stamp, latency_s)
+        self._next_id += 1
+        self.counters.chunks_accepted += 1
+        self._current = chunk
+        return chunk
+
+    def slice(self, now: float) -> Slice | None:
+        """The rows to publish at `now`, or None when nothing fresh is left."""
+        chunk = self._current
+        if chunk is None or now - chunk.observation_stamp > self.config.max_chunk_age_s:
+            return None
+        first = chunk.first_row_at_or_after(now)
+        if first >= len(chunk.rows):
+            return None
+        return Slice(chunk, first, chunk.start + first * chunk.dt, chunk.rows[first:])
+
+    # ---------------------------------------------------------------- internals
+    def _live_previous(self, now: float) -> TimedChunk | None:
+        old = self._current
+        if old is None or now - old.observation_stamp > self.config.max_chunk_age_s:
+            return None
+        return old if old.end >= now else None
+
+    def _blend(self, rows: np.ndarray, start: float, first: int, old: TimedChunk) -> None:
+        cfg = self.config
+        steps = cfg.blend_steps if cfg.blend_mode == "blend" else 0
+        for i, k in enumerate(range(first, len(rows))):
+            if i >= steps:
+                break
+            t = start + k * cfg.dt
+            if t > old.end + TIME_EPS:
+                break
+            w = (i + 1) / (steps + 1)
+            rows[k] = w * rows[k] + (1 - w) * old.sample(t)
+
+    def _clamp_positions(self, rows: np.ndarray) -> bool:
+        cfg = self.config
+        lower = np.asarray(cfg.position_lower) if cfg.position_lower else -np.inf
+        upper = np.asarray(cfg.position_upper) if cfg.position_upper else np.inf
+        clamped = np.clip(rows, lower, upper)
+        changed = bool(np.any(clamped != rows))
+        rows[:] = clamped
+        return changed
+
+    def _clamp_velocities(
+        self, rows: np.ndarray, start: float, first: int, old: TimedChunk | None
+    ) -> bool:
+        cfg = self.config
+        if not cfg.max_velocity or first >= len(rows):
+            return False
+        step = np.asarray(cfg.max_velocity) * cfg.dt
+        changed = False
+        prev = old.sample(start + (first - 1) * cfg.dt) if old is not None else None
+        for k in range(first, len(rows)):
+            if prev is not None:
+                limited = np.clip(rows[k], prev - step, prev + step)
+                if np.any(limited != rows[k]):
+                    changed = True
+                    rows[k] = limited
+            prev = rows[k]
+        return changed
+
+
+def hold_chunk(positions: np.ndarray, now: float, dt: float, horizon: int) -> TimedChunk:
+    """A chunk that holds `positions` from `now` on (the watchdog's `hold` policy).
+
+    Args:
+        positions: float [J], the last joint state in the configured order.
+        now: Time of row 0.
+        dt: Row spacing.
+        horizon: Rows.
+    """
+    rows = np.tile(np.asarray(positions, dtype=np.float32), (max(horizon, 1), 1))
+    rows.flags.writeable = False
+    return TimedChunk(-1, now, dt, rows, now, 0.0)
