@@ -4,11 +4,11 @@ The node graph and argument handling live in `oxygen_ros.graph` (shared with the
 bring-up command, so the two cannot drift); this file only maps them onto launch/launch_ros.
 """
 
+from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-from launch import LaunchDescription
 from oxygen_ros import graph
 
 

@@ -101,9 +101,8 @@ def _recording_launch_modules() -> dict[str, types.ModuleType]:
 
 def _load_launch_file(monkeypatch):
     try:
-        import launch_ros  # noqa: F401
-
         import launch
+        import launch_ros  # noqa: F401
 
         real = hasattr(launch, "LaunchDescription")
     except ImportError:

@@ -12,18 +12,18 @@ from pathlib import Path
 
 import pytest
 
-launch_testing = pytest.importorskip(
+pytest.importorskip(
     "launch_testing",
     reason="launch_testing is not installable on this machine (no ROS 2 launch on PyPI); "
     "covered here by test_bringup.py",
 )
-import launch  # noqa: E402
-import launch_testing.actions  # noqa: E402
-import launch_testing.asserts  # noqa: E402
-import rclpy  # noqa: E402
-from launch.launch_description_sources import PythonLaunchDescriptionSource  # noqa: E402
+import launch
+import launch_testing.actions
+import launch_testing.asserts
+import rclpy
+from launch.launch_description_sources import PythonLaunchDescriptionSource
 
-from oxygen_ros.msg import ActionChunk  # noqa: E402
+from oxygen_ros.msg import ActionChunk
 
 LAUNCH_FILE = Path(__file__).resolve().parents[2] / "launch" / "humanoid.launch.py"
 
