@@ -168,4 +168,4 @@ class EngineConfig:
 
 def get_engine_config(preset: str = "tiny", **overrides: object) -> EngineConfig:
     """Returns an `EngineConfig` for a model preset, with top-level fields overridden."""
-    return EngineConfig(model=get_model_config(preset), **overrides)  # type: ignore[arg-type]
+    return dataclasses.replace(EngineConfig(model=get_model_config(preset)), **overrides)

@@ -115,6 +115,14 @@ class KVCacheLayout:
         return self.num_prefixes * self.prefix_row_bytes + self.num_slots * self.slot_bytes
 
 
+class PrefixStore(NamedTuple):
+    """The stored prefixes as one batch (same fields as `model_fns.Prefix`)."""
+
+    k: jax.Array  # [L, P, S, K, H]
+    v: jax.Array  # [L, P, S, K, H]
+    mask: jax.Array  # [P, S] bool, valid prefix positions
+
+
 class SlotArrays(NamedTuple):
     """Per-slot device inputs of a decode step, `[B]` each."""
 
@@ -458,6 +466,10 @@ class LanguageKVCache:
     # Buffers for the runner.
 
     @property
+    def prefix_store(self) -> PrefixStore:
+        return PrefixStore(self._prefix_k, self._prefix_v, self._prefix_mask)
+
+    @property
     def prefix_k(self) -> jax.Array:
         return self._prefix_k
 
@@ -506,9 +518,7 @@ class LanguageKVCache:
             raise ValueError(f"slot {slot} is not allocated")
 
 
-def _drop_batch_axis(
-    x: jax.Array, shape: tuple[int, ...], *, axis: int, name: str
-) -> jax.Array:
+def _drop_batch_axis(x: jax.Array, shape: tuple[int, ...], *, axis: int, name: str) -> jax.Array:
     if x.ndim == len(shape) + 1 and x.shape[axis] == 1:
         x = jnp.squeeze(x, axis=axis)
     if tuple(x.shape) != shape:

@@ -220,7 +220,10 @@ class FrameScheduler:
             raise ValueError(f"request {request.request_id} is {request.status.name}")
         if self._is_live(request.request_id):
             return self._refuse(request, RefuseReason.DUPLICATE_ID, now)
-        if self.cache.can_admit(1, needs_new_prefix=False, seq_len=request.seq_len) is Fit.TOO_LONG:
+        if (
+            self.cache.can_admit(1, needs_new_prefix=False, seq_len=request.seq_len)
+            is Fit.TOO_LONG
+        ):
             return self._refuse(request, RefuseReason.TOO_LONG, now)
         if len(self._waiting) >= self.config.max_waiting:
             if not self._waiting or self._waiting[-1][0] <= request.priority:
@@ -389,7 +392,9 @@ class FrameScheduler:
         for _, _, request in self._waiting:
             if limit is not None and num_admit >= limit:
                 break
-            fit = self.cache.can_admit(num_admit + 1, needs_new_prefix=True, seq_len=request.seq_len)
+            fit = self.cache.can_admit(
+                num_admit + 1, needs_new_prefix=True, seq_len=request.seq_len
+            )
             if fit is not Fit.OK:
                 break
             num_admit += 1

@@ -263,7 +263,9 @@ class ActionStream:
         return changed
 
 
-def hold_chunk(positions: np.ndarray, now: float, dt: float, horizon: int) -> TimedChunk:
+def hold_chunk(
+    positions: np.ndarray, now: float, dt: float, horizon: int, chunk_id: int
+) -> TimedChunk:
     """A chunk that holds `positions` from `now` on (the watchdog's `hold` policy).
 
     Args:
@@ -271,7 +273,8 @@ def hold_chunk(positions: np.ndarray, now: float, dt: float, horizon: int) -> Ti
         now: Time of row 0.
         dt: Row spacing.
         horizon: Rows.
+        chunk_id: Identifier to publish it under.
     """
     rows = np.tile(np.asarray(positions, dtype=np.float32), (max(horizon, 1), 1))
     rows.flags.writeable = False
-    return TimedChunk(-1, now, dt, rows, now, 0.0)
+    return TimedChunk(chunk_id, now, dt, rows, now, 0.0)

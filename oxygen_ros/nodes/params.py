@@ -1,0 +1,376 @@
+"""The nodes' ROS parameters: one table per node, declared and validated in one place.
+
+Every parameter has a spec (type, default, description, whether it may change at run time and a
+check that returns a reason). `config/humanoid.yaml` sets them (a test checks that every YAML
+key is a declared parameter and that every declared parameter is in the YAML).
+
+Invariants:
+- A value is accepted only if it converts to the spec's type and passes its check; otherwise
+  the set is refused with a reason naming the parameter and the old value is kept. At start-up
+  a bad value from YAML or the command line raises `ParameterError` (the node exits non-zero
+  with that reason) instead of running with a half-valid configuration.
+- Parameters whose spec is not `runtime` are read-only after start-up: changing them needs a
+  restart (the engine's compiled shapes, topics and paths depend on them).
+- Integers are accepted for float parameters (`ros2 param set ... action_rate_hz 50`), and an
+  empty list given on the command line (which ROS turns into "not set") reads as [].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+Check = Callable[[Any], str | None]
+
+
+class ParameterError(ValueError):
+    """Invalid parameter values at start-up."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    """One parameter."""
+
+    name: str
+    default: Any
+    description: str
+    kind: str  # "float", "int", "bool", "str", "float_list", "str_list"
+    runtime: bool = False  # may be changed while the node runs
+    check: Check | None = None  # returns a reason when the (converted) value is invalid
+
+
+def coerce(kind: str, value: Any) -> Any:
+    """Converts a parameter value to `kind`; raises ValueError with a reason."""
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"expected a number, got {value!r}")
+        return float(value)
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"expected an integer, got {value!r}")
+        return int(value)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {value!r}")
+        return value
+    if kind == "str":
+        if not isinstance(value, str):
+            raise ValueError(f"expected a string, got {value!r}")
+        return value
+    if kind in ("float_list", "str_list"):
+        if value is None:
+            return []
+        if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+            raise ValueError(f"expected a list, got {value!r}")
+        items = list(value)
+        item_kind = "float" if kind == "float_list" else "str"
+        return [coerce(item_kind, v) for v in items]
+    raise ValueError(f"unknown parameter kind {kind!r}")
+
+
+# ------------------------------------------------------------------------------------ checks
+def positive_rate(max_hz: float = 1000.0) -> Check:
+    def check(v: float) -> str | None:
+        if not (math.isfinite(v) and 0 < v <= max_hz):
+            return f"must be a rate in (0, {max_hz:g}] Hz"
+        return None
+
+    return check
+
+
+def period_or_zero(min_s: float = 0.05) -> Check:
+    def check(v: float) -> str | None:
+        if not math.isfinite(v) or v < 0 or 0 < v < min_s:
+            return f"must be 0 (disabled) or a period >= {min_s:g} s"
+        return None
+
+    return check
+
+
+def positive(v: float) -> str | None:
+    return None if math.isfinite(v) and v > 0 else "must be > 0"
+
+
+def non_negative(v: float) -> str | None:
+    return None if math.isfinite(v) and v >= 0 else "must be >= 0"
+
+
+def int_range(lo: int, hi: int) -> Check:
+    def check(v: int) -> str | None:
+        return None if lo <= v <= hi else f"must be in [{lo}, {hi}]"
+
+    return check
+
+
+def one_of(*choices: str) -> Check:
+    def check(v: str) -> str | None:
+        return None if v in choices else f"must be one of {', '.join(choices)}"
+
+    return check
+
+
+def non_empty(v: Sequence) -> str | None:
+    return None if len(v) > 0 else "must not be empty"
+
+
+def unique_names(v: Sequence[str]) -> str | None:
+    if not v:
+        return "must not be empty"
+    if len(set(v)) != len(v) or any(not s for s in v):
+        return "names must be unique and non-empty"
+    return None
+
+
+def topic_name(v: str) -> str | None:
+    if not v or v.endswith("/") or " " in v:
+        return "must be a valid topic name"
+    return None
+
+
+# ---------------------------------------------------------------------------------- tables
+SHARED: tuple[ParamSpec, ...] = (
+    ParamSpec("joint_names", [], "model joint order (state and action columns)", "str_list",
+              check=unique_names),
+    ParamSpec("frame_id", "base_link", "robot base frame of published messages", "str"),
+    ParamSpec("observation_topic", "oxygen/observation", "fused ObservationFrame topic", "str",
+              check=topic_name),
+    ParamSpec("joint_state_topic", "joint_states", "sensor_msgs/JointState topic", "str",
+              check=topic_name),
+    ParamSpec("camera_names", [], "cameras; each has cameras.<name>.* parameters", "str_list",
+              check=lambda v: None if len(set(v)) == len(v) else "names must be unique"),
+    ParamSpec("diagnostics_period_s", 1.0, "period of /diagnostics messages", "float",
+              runtime=True, check=period_or_zero(0.1)),
+)
+
+SIM_SENSORS: tuple[ParamSpec, ...] = (
+    ParamSpec("camera_rate_hz", 30.0, "synthetic camera rate", "float", runtime=True,
+              check=positive_rate(200.0)),
+    ParamSpec("joint_rate_hz", 30.0, "synthetic joint state rate", "float", runtime=True,
+              check=positive_rate(1000.0)),
+    ParamSpec("motion_period_s", 4.0, "period of the synthetic motion", "float", runtime=True,
+              check=positive),
+)
+SIM_CAMERA: tuple[ParamSpec, ...] = (
+    ParamSpec("topic", "", "image topic", "str", check=topic_name),
+    ParamSpec("encoding", "rgb8", "encoding the sim publishes", "str",
+              check=one_of("rgb8", "bgr8", "rgba8", "bgra8", "mono8")),
+    ParamSpec("width", 640, "sim image width", "int", check=int_range(1, 4096)),
+    ParamSpec("height", 480, "sim image height", "int", check=int_range(1, 4096)),
+)
+
+PERCEPTION: tuple[ParamSpec, ...] = (
+    ParamSpec("observation_rate_hz", 30.0, "ObservationFrame rate", "float", runtime=True,
+              check=positive_rate(200.0)),
+    ParamSpec("max_skew_s", 0.05, "window all stamps of a frame must fit in", "float",
+              runtime=True, check=non_negative),
+    ParamSpec("stale_after_s", 0.5, "a camera (or joint state) older than this is not used",
+              "float", runtime=True, check=positive),
+    ParamSpec("future_tolerance_s", 0.5, "stamps further in the future are rejected", "float",
+              runtime=True, check=non_negative),
+    ParamSpec("slot_names", ["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"],
+              "model image slots, in model order", "str_list", check=unique_names),
+    ParamSpec("image_height", 224, "model image rows", "int", check=int_range(1, 4096)),
+    ParamSpec("image_width", 224, "model image columns", "int", check=int_range(1, 4096)),
+    ParamSpec("max_image_dim", 8192, "larger input images are rejected", "int",
+              check=int_range(1, 65535)),
+)
+PERCEPTION_CAMERA: tuple[ParamSpec, ...] = (
+    ParamSpec("topic", "", "image topic", "str", check=topic_name),
+    ParamSpec("slot", "", "model image slot this camera fills", "str", check=non_empty),
+    ParamSpec("encoding", "", "expected encoding ('' accepts every supported one)", "str",
+              check=one_of("", "rgb8", "bgr8", "rgba8", "bgra8", "mono8")),
+)
+
+INFERENCE: tuple[ParamSpec, ...] = (
+    # engine
+    ParamSpec("model_preset", "tiny", "engine model preset", "str", check=one_of("tiny", "pi05")),
+    ParamSpec("checkpoint_dir", "", "openpi checkpoint dir ('' = random init)", "str"),
+    ParamSpec("assets_id", "", "assets/<id>/norm_stats.json ('' = no normalisation)", "str"),
+    ParamSpec("tokenizer_path", "", "SentencePiece model ('' = engine default)", "str"),
+    ParamSpec("seed", 0, "parameter init and action noise seed", "int",
+              check=int_range(0, 2**31 - 1)),
+    ParamSpec("scheduler_mode", "shared_kv", "one prefill per frame, or per task", "str",
+              check=one_of("shared_kv", "isolated")),
+    ParamSpec("scheduler_policy", "to_completion", "how decoding is spread over frames", "str",
+              check=one_of("to_completion", "fixed", "deadline")),
+    ParamSpec("decode_steps_per_frame", 8, "decode steps per frame (fixed policy)", "int",
+              check=int_range(1, 4096)),
+    ParamSpec("frame_deadline_s", 0.1, "decode until the frame is this old (deadline policy)",
+              "float", check=positive),
+    ParamSpec("cache_num_slots", 8, "concurrently decoding requests", "int",
+              check=int_range(1, 256)),
+    ParamSpec("cache_max_seq_len", 64, "tail + generated tokens per slot", "int",
+              check=int_range(8, 8192)),
+    ParamSpec("subtask_max_tokens", 16, "default max tokens of a subtask request", "int",
+              check=int_range(1, 4096)),
+    ParamSpec("narration_max_tokens", 32, "default max tokens of a narration", "int",
+              check=int_range(1, 4096)),
+    ParamSpec("memory_max_tokens", 32, "default max tokens of a memory entry", "int",
+              check=int_range(1, 4096)),
+    ParamSpec("max_pending_requests", 16, "language requests queued or running at most", "int",
+              check=int_range(1, 1024)),
+    # actions
+    ParamSpec("action_rate_hz", 70.0, "ActionChunk publish rate", "float", runtime=True,
+              check=positive_rate(1000.0)),
+    ParamSpec("action_dt_s", 0.1, "seconds between action rows of a model chunk", "float",
+              check=positive),
+    ParamSpec("action_time_offset_s", 0.0, "row 0 time = observation stamp + this", "float",
+              check=lambda v: None if math.isfinite(v) else "must be finite"),
+    ParamSpec("max_chunk_age_s", 1.5, "chunks from older observations are not published",
+              "float", runtime=True, check=positive),
+    ParamSpec("blend_mode", "blend", "how a new chunk takes over: replace or blend", "str",
+              runtime=True, check=one_of("replace", "blend")),
+    ParamSpec("blend_steps", 3, "rows over which blend hands over", "int", runtime=True,
+              check=int_range(0, 1000)),
+    ParamSpec("joint_position_lower", [], "per-joint lower limits ([] = none)", "float_list"),
+    ParamSpec("joint_position_upper", [], "per-joint upper limits ([] = none)", "float_list"),
+    ParamSpec("joint_max_velocity", [], "per-joint velocity limits ([] = none)", "float_list"),
+    ParamSpec("publish_joint_trajectory", False, "also publish JointTrajectory", "bool"),
+    ParamSpec("watchdog_timeout_s", 1.0, "no fresh observation used for this long: trip",
+              "float", runtime=True, check=positive),
+    ParamSpec("watchdog_policy", "stop", "when tripped: stop publishing, or hold position",
+              "str", runtime=True, check=one_of("stop", "hold")),
+    # language
+    ParamSpec("default_instruction", "", "task prompt until an instruction arrives", "str"),
+    ParamSpec("instruction_max_chars", 400, "longer instructions are truncated", "int",
+              check=int_range(1, 100_000)),
+    ParamSpec("narration_period_s", 2.0, "narration request period (0 disables)", "float",
+              runtime=True, check=period_or_zero()),
+    ParamSpec("memory_period_s", 5.0, "memory request period (0 disables)", "float",
+              runtime=True, check=period_or_zero()),
+    # memory
+    ParamSpec("memory_db_path", "~/.ros/oxygen_ros/memory.sqlite3", "SQLite memory file", "str",
+              check=non_empty),
+    ParamSpec("memory_republish_count", 20, "entries republished (and latched) on start",
+              "int", check=int_range(1, 10_000)),
+    ParamSpec("memory_query_max_entries", 20, "QueryMemory default max_entries", "int",
+              check=int_range(1, 10_000)),
+    # topics and services
+    ParamSpec("actions_topic", "oxygen/actions", "ActionChunk topic", "str", check=topic_name),
+    ParamSpec("joint_trajectory_topic", "oxygen/joint_trajectory", "JointTrajectory topic", "str",
+              check=topic_name),
+    ParamSpec("instruction_topic", "oxygen/instruction", "std_msgs/String instruction topic",
+              "str", check=topic_name),
+    ParamSpec("speech_topic", "oxygen/speech", "SpeechToken topic", "str", check=topic_name),
+    ParamSpec("memory_topic", "oxygen/memory", "MemoryEntry topic", "str", check=topic_name),
+    ParamSpec("request_language_service", "oxygen/request_language", "RequestLanguage service",
+              "str", check=topic_name),
+    ParamSpec("query_memory_service", "oxygen/query_memory", "QueryMemory service", "str",
+              check=topic_name),
+)
+
+
+def camera_specs(camera: str, template: Sequence[ParamSpec]) -> tuple[ParamSpec, ...]:
+    """The per-camera parameters `cameras.<camera>.<field>`."""
+    return tuple(dataclasses.replace(s, name=f"cameras.{camera}.{s.name}") for s in template)
+
+
+def validate(spec: ParamSpec, value: Any) -> tuple[Any, str | None]:
+    """Returns (converted value, None) or (None, reason)."""
+    try:
+        converted = coerce(spec.kind, value)
+    except ValueError as exc:
+        return None, f"{spec.name}: {exc}"
+    if spec.check is not None:
+        reason = spec.check(converted)
+        if reason:
+            return None, f"{spec.name}={converted!r} refused: {reason}"
+    return converted, None
+
+
+class NodeParameters:
+    """Declares a node's parameters, validates them, and applies runtime changes.
+
+    Attributes are not used: read values with `self[name]` (always validated and converted).
+    """
+
+    def __init__(
+        self,
+        node: Any,
+        specs: Iterable[ParamSpec],
+        dependent: Callable[[Mapping[str, Any]], Iterable[ParamSpec]] | None = None,
+    ) -> None:
+        """Declares every spec on `node` and validates the start-up values.
+
+        Args:
+            node: The rclpy node.
+            specs: Its parameters.
+            dependent: Given the validated values of `specs`, more specs to declare (for
+                example `cameras.<name>.*` for every name in `camera_names`).
+
+        Raises:
+            ParameterError: Listing every invalid start-up value.
+        """
+        self._node = node
+        self._specs: dict[str, ParamSpec] = {}
+        self._values: dict[str, Any] = {}
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        errors = self._declare(specs)
+        if dependent is not None and not errors:
+            errors = self._declare(dependent(self._values))
+        if errors:
+            raise ParameterError("; ".join(errors))
+        node.add_on_set_parameters_callback(self._on_set)
+        node.add_post_set_parameters_callback(self._on_post_set)
+
+    def _declare(self, specs: Iterable[ParamSpec]) -> list[str]:
+        from rcl_interfaces.msg import ParameterDescriptor
+
+        errors = []
+        node = self._node
+        for spec in specs:
+            self._specs[spec.name] = spec
+            descriptor = ParameterDescriptor(
+                description=spec.description + ("" if spec.runtime else " (restart to change)"),
+                read_only=not spec.runtime,
+                dynamic_typing=True,
+            )
+            param = node.declare_parameter(spec.name, spec.default, descriptor)
+            value, reason = validate(spec, param.value)
+            if reason:
+                errors.append(reason)
+            else:
+                self._values[spec.name] = value
+        return errors
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def values(self) -> Mapping[str, Any]:
+        return dict(self._values)
+
+    def add_listener(self, callback: Callable[[dict[str, Any]], None]) -> None:
+        """Calls `callback({name: value})` after accepted runtime changes."""
+        self._listeners.append(callback)
+
+    def _on_set(self, params: list) -> Any:
+        from rcl_interfaces.msg import SetParametersResult
+
+        for param in params:
+            spec = self._specs.get(param.name)
+            if spec is None:
+                continue  # not ours (for example use_sim_time)
+            if not spec.runtime:
+                return SetParametersResult(
+                    successful=False, reason=f"{param.name} is read-only: restart the node"
+                )
+            _, reason = validate(spec, param.value)
+            if reason:
+                return SetParametersResult(successful=False, reason=reason)
+        return SetParametersResult(successful=True)
+
+    def _on_post_set(self, params: list) -> None:
+        changed = {}
+        for param in params:
+            spec = self._specs.get(param.name)
+            if spec is None:
+                continue
+            value, reason = validate(spec, param.value)
+            if reason is None:
+                self._values[param.name] = value
+                changed[param.name] = value
+        if changed:
+            for listener in self._listeners:
+                listener(changed)

@@ -1,0 +1,169 @@
+"""One engine frame: openpi reference equality, shared-prefix equality, prefill counting."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from openpi.models import model as openpi_model
+from openpi.models import pi0_config
+from openpi.models import tokenizer as openpi_tokenizer
+from openpi.shared import nnx_utils
+
+from engine_factories import (
+    TINY,
+    make_engine_config,
+    make_observation,
+    make_request,
+    perturb_zero_params,
+    use_bundled_tokenizer_for_openpi,
+)
+from oxygen_ros.engine.engine import Engine
+from oxygen_ros.engine.model import create_model
+from oxygen_ros.engine.types import RequestKind, RequestStatus
+
+# openpi's Pi0 hard-codes the So400m tower: compare on `tiny` with that tower.
+TINY_SO400M = dataclasses.replace(TINY, vision_variant="So400m/14")
+
+
+def _openpi_observation(observation, tokenizer, action_dim):
+    tokens, mask = tokenizer.tokenize(observation.prompt, observation.state)
+    state = np.zeros((1, action_dim), np.float32)
+    state[0, : observation.state.shape[0]] = observation.state
+    return openpi_model.Observation.from_dict(
+        {
+            "image": {k: v[None] for k, v in observation.images.items()},
+            "image_mask": {k: np.array([v]) for k, v in observation.image_masks.items()},
+            "state": state,
+            "tokenized_prompt": tokens[None].astype(np.int32),
+            "tokenized_prompt_mask": mask[None],
+        }
+    )
+
+
+def test_isolated_actions_equal_openpi_pi0_sample_actions(monkeypatch, tmp_path) -> None:
+    ours = perturb_zero_params(create_model(TINY_SO400M, seed=3), seed=4)
+    modulation = nnx.state(ours)["PaliGemma"]["llm"]["layers"]["pre_attention_norm_1"]
+    assert np.abs(np.asarray(modulation["Dense_0"]["kernel"][...])).min() > 0
+    openpi_config = pi0_config.Pi0Config(
+        pi05=True,
+        paligemma_variant="dummy",
+        action_expert_variant="dummy",
+        dtype="float32",
+        action_horizon=TINY.action_horizon,
+        max_token_len=TINY.max_token_len,
+    )
+    # openpi's own loading path: its tree check, then its model with our parameters.
+    reference = openpi_config.load(nnx.to_pure_dict(nnx.state(ours)))
+    sample_actions = nnx_utils.module_jit(reference.sample_actions, static_argnames="num_steps")
+    use_bundled_tokenizer_for_openpi(monkeypatch, tmp_path)
+    tokenizer = openpi_tokenizer.PaligemmaTokenizer(TINY.max_token_len)
+
+    engine = Engine(make_engine_config(TINY_SO400M), model=ours)
+    noise = engine.make_noise(0)
+    actions = []
+    for seed in (0, 1):
+        observation = make_observation(seed)
+        result = engine.run_isolated(observation, noise=noise)
+        expected = sample_actions(
+            jax.random.key(0),
+            _openpi_observation(observation, tokenizer, TINY.action_dim),
+            num_steps=TINY.num_denoise_steps,
+            noise=noise,
+        )
+        np.testing.assert_allclose(result.actions.actions, np.asarray(expected)[0], atol=1e-5)
+        actions.append(result.actions.actions)
+    # Same noise, different observation: the perturbed model must see the observation.
+    assert np.abs(actions[0] - actions[1]).max() > 1e-3
+
+
+def _language_requests():
+    return (
+        make_request(RequestKind.NARRATION, max_tokens=12, request_id="speech"),
+        make_request(RequestKind.MEMORY, max_tokens=10, temperature=0.8, seed=5),
+        make_request(RequestKind.SUBTASK, max_tokens=6),
+    )
+
+
+def test_shared_prefix_matches_isolated_and_solo_decoding(tiny_model, tiny_config) -> None:
+    observation = make_observation(2)
+    noise = Engine(tiny_config, model=tiny_model).make_noise(7)
+    shared = Engine(tiny_config, model=tiny_model).step(observation, _language_requests(), noise=noise)
+    isolated = Engine(tiny_config, model=tiny_model).run_isolated(
+        observation, _language_requests(), noise=noise
+    )
+    np.testing.assert_array_equal(shared.actions.actions, isolated.actions.actions)
+    assert [o.request_id for o in shared.outputs] == ["speech", "memory-1", "subtask-2"]
+    for request, out_shared, out_isolated in zip(
+        _language_requests(), shared.outputs, isolated.outputs, strict=True
+    ):
+        solo = Engine(tiny_config, model=tiny_model).step(observation, [request], noise=noise)
+        assert out_shared.new_token_ids == out_isolated.new_token_ids == solo.outputs[0].new_token_ids
+        assert out_shared.status in (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED)
+        if out_shared.status is RequestStatus.FINISHED_LENGTH:
+            assert len(out_shared.new_token_ids) == request.max_tokens
+        assert out_shared.text == out_shared.text_delta
+        assert out_shared.first_index == 0
+    # Language requests never change the actions (the action expert reads only the prefix).
+    alone = Engine(tiny_config, model=tiny_model).step(observation, noise=noise)
+    np.testing.assert_array_equal(alone.actions.actions, shared.actions.actions)
+    assert alone.actions.observation_stamp == observation.stamp
+    assert alone.actions.actions.shape == (TINY.action_horizon, TINY.action_dim)
+
+
+def test_one_prefill_per_frame_with_two_language_requests(tiny_model, tiny_config) -> None:
+    engine = Engine(tiny_config, model=tiny_model)
+    requests = (make_request(RequestKind.NARRATION, max_tokens=4), make_request(RequestKind.MEMORY, max_tokens=4))
+    result = engine.step(make_observation(3), requests)
+    stats = engine.stats()
+    assert result.num_prefills == 1
+    assert (stats.num_frames, stats.num_prefills, stats.num_extends) == (1, 1, 1)
+    assert result.actions is not None
+    assert len(result.outputs) == 2
+    isolated = engine.run_isolated(make_observation(3), requests)
+    assert isolated.num_prefills == 3
+    assert engine.stats().num_prefills == 4
+    assert engine.stats().num_frames == 2
+
+
+def test_request_that_cannot_fit_is_refused_and_others_run(tiny_model, tiny_config) -> None:
+    engine = Engine(tiny_config, model=tiny_model)
+    too_long = make_request(RequestKind.MEMORY, max_tokens=tiny_config.cache.max_seq_len + 1)
+    result = engine.step(make_observation(4), [too_long, make_request(max_tokens=3)])
+    refused, ran = result.outputs
+    assert refused.status is RequestStatus.REFUSED
+    assert "max_seq_len" in refused.error
+    assert refused.new_token_ids == ()
+    assert ran.status.finished and ran.status is not RequestStatus.REFUSED
+    assert engine.stats().num_extends == 1
+
+
+def test_random_init_engine_warns_outputs_are_meaningless(caplog, tiny_config) -> None:
+    tiny_scan_config = make_engine_config(seed=11)
+    with caplog.at_level(logging.WARNING, logger="oxygen_ros.engine"):
+        engine = Engine(tiny_scan_config)
+    assert any("meaningless" in r.getMessage() for r in caplog.records)
+    result = engine.step(make_observation(5))
+    assert result.actions.actions.shape == (TINY.action_horizon, TINY.action_dim)
+    assert np.isfinite(result.actions.actions).all()
+
+
+@pytest.mark.parametrize("missing", ["left_wrist_0_rgb"])
+def test_missing_camera_is_masked_and_changes_actions(tiny_model, tiny_config, missing) -> None:
+    observation = make_observation(6)
+    without = dataclasses.replace(
+        observation, images={k: v for k, v in observation.images.items() if k != missing}
+    )
+    masked = dataclasses.replace(observation, image_masks={**observation.image_masks, missing: False})
+    engine = Engine(tiny_config, model=tiny_model)
+    noise = engine.make_noise(0)
+    full = engine.step(observation, noise=noise).actions.actions
+    dropped = engine.step(without, noise=noise).actions.actions
+    masked_out = engine.step(masked, noise=noise).actions.actions
+    # A masked slot is invisible: its pixels do not matter, only the mask.
+    np.testing.assert_allclose(dropped, masked_out, atol=1e-6)
+    assert np.abs(full - dropped).max() > 1e-4

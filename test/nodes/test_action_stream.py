@@ -1,0 +1,182 @@
+"""Chunk re-basing to the publish time, blending, staleness and safety limits."""
+
+import numpy as np
+import pytest
+
+from oxygen_ros.nodes.action_stream import (
+    ActionStream,
+    ChunkRejected,
+    StreamConfig,
+    TimedChunk,
+    hold_chunk,
+)
+
+DT = 0.1
+
+
+def ramp(n_rows: int = 10, n_joints: int = 2, offset: float = 0.0) -> np.ndarray:
+    """Row k holds k + offset in every column."""
+    return np.repeat(np.arange(n_rows, dtype=np.float32)[:, None] + offset, n_joints, axis=1)
+
+
+def stream(**overrides) -> ActionStream:
+    cfg = dict(dt=DT, num_joints=2, blend_mode="replace", blend_steps=0, max_chunk_age_s=2.0)
+    cfg.update(overrides)
+    return ActionStream(StreamConfig(**cfg))
+
+
+def test_rows_start_at_observation_and_past_rows_are_dropped() -> None:
+    s = stream()
+    chunk = s.offer(ramp(), observation_stamp=10.0, latency_s=0.25, now=10.25)
+    assert chunk.start == 10.0 and chunk.latency_s == 0.25
+    piece = s.slice(now=10.25)
+    # Rows 0..2 (10.0, 10.1, 10.2) have passed; row 3 at 10.3 is the first from now on.
+    assert piece.first_row == 3 and piece.stamp == pytest.approx(10.3)
+    np.testing.assert_array_equal(piece.rows, ramp()[3:])
+
+
+def test_row_exactly_at_now_is_kept() -> None:
+    s = stream()
+    s.offer(ramp(), 10.0, 0.0, now=10.0)
+    piece = s.slice(now=10.2)
+    assert piece.first_row == 2 and piece.stamp == pytest.approx(10.2)
+
+
+def test_first_row_never_before_publish_time_over_many_publishes() -> None:
+    s = stream()
+    s.offer(ramp(), 10.0, 0.0, now=10.0)
+    for now in np.arange(10.0, 10.9, 1 / 70):
+        piece = s.slice(now)
+        assert piece.stamp >= now - 1e-9
+        assert piece.stamp - now < DT
+        assert len(piece.rows) == 10 - piece.first_row
+
+
+def test_time_offset_shifts_rows() -> None:
+    s = stream(time_offset_s=0.05)
+    chunk = s.offer(ramp(), 10.0, 0.0, now=10.0)
+    assert chunk.start == pytest.approx(10.05)
+
+
+def test_nothing_published_when_exhausted_or_stale() -> None:
+    s = stream(max_chunk_age_s=0.5)
+    assert s.slice(now=0.0) is None
+    s.offer(ramp(3), 10.0, 0.0, now=10.0)
+    assert s.slice(now=10.2) is not None
+    assert s.slice(now=10.21) is None  # every row passed
+    s.offer(ramp(10), 10.1, 0.0, now=10.3)
+    assert s.slice(now=10.59) is not None
+    assert s.slice(now=10.61) is None  # observation older than max_chunk_age_s
+
+
+def test_stale_chunk_refused_and_counted() -> None:
+    s = stream(max_chunk_age_s=0.5)
+    with pytest.raises(ChunkRejected) as info:
+        s.offer(ramp(), 10.0, 0.6, now=10.6)
+    assert info.value.reason == "stale" and s.counters.chunks_stale == 1
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_chunk_discarded_previous_kept(bad: float) -> None:
+    s = stream()
+    good = s.offer(ramp(), 10.0, 0.0, now=10.0)
+    rows = ramp(offset=5)
+    rows[4, 1] = bad
+    with pytest.raises(ChunkRejected) as info:
+        s.offer(rows, 10.1, 0.0, now=10.1)
+    assert info.value.reason == "non_finite"
+    assert s.current is good and s.counters.chunks_non_finite == 1
+
+
+def test_wrong_width_refused() -> None:
+    s = stream()
+    with pytest.raises(ChunkRejected) as info:
+        s.offer(np.zeros((10, 3)), 10.0, 0.0, now=10.0)
+    assert info.value.reason == "bad_shape"
+
+
+def test_replace_switches_at_once() -> None:
+    s = stream()
+    s.offer(ramp(), 10.0, 0.0, now=10.0)
+    s.offer(ramp(offset=100), 10.2, 0.0, now=10.2)
+    piece = s.slice(now=10.2)
+    np.testing.assert_array_equal(piece.rows[:, 0], np.arange(10) + 100.0)
+
+
+def test_blend_hands_over_linearly_from_now_on() -> None:
+    s = stream(blend_mode="blend", blend_steps=3)
+    s.offer(np.zeros((10, 2), np.float32), 10.0, 0.0, now=10.0)
+    # New chunk of ones from an observation at 10.2, ready at 10.45: rows 0..2 passed.
+    chunk = s.offer(np.ones((10, 2), np.float32), 10.2, 0.25, now=10.45)
+    col = chunk.rows[:, 0]
+    np.testing.assert_allclose(col[3:6], [0.25, 0.5, 0.75])
+    np.testing.assert_allclose(col[6:], 1.0)
+    np.testing.assert_allclose(col[:3], 1.0)  # passed rows untouched (never published)
+
+
+def test_blend_samples_previous_chunk_at_new_row_times() -> None:
+    s = stream(blend_mode="blend", blend_steps=1)
+    s.offer(ramp(), 10.0, 0.0, now=10.0)  # value at time t is (t - 10) / 0.1
+    chunk = s.offer(np.zeros((10, 2), np.float32), 10.05, 0.0, now=10.05)
+    # Row 0 at 10.05: old value 0.5 interpolated, weight of the new chunk 1/2.
+    assert chunk.rows[0, 0] == pytest.approx(0.25)
+    assert chunk.rows[1, 0] == pytest.approx(0.0)
+
+
+def test_blend_ignores_rows_beyond_previous_chunk_end() -> None:
+    s = stream(blend_mode="blend", blend_steps=5)
+    s.offer(np.zeros((2, 2), np.float32), 10.0, 0.0, now=10.0)  # ends at 10.1
+    chunk = s.offer(np.ones((10, 2), np.float32), 10.05, 0.0, now=10.05)
+    assert chunk.rows[0, 0] == pytest.approx(1 / 6)  # 10.05 inside the old chunk
+    np.testing.assert_allclose(chunk.rows[1:, 0], 1.0)  # 10.15... after its end
+
+
+def test_position_limits_clamp_and_count() -> None:
+    s = stream(position_lower=(-1.0, 0.0), position_upper=(1.0, 5.0))
+    chunk = s.offer(ramp(offset=-2), 10.0, 0.0, now=10.0)
+    assert chunk.rows[:, 0].min() == -1.0 and chunk.rows[:, 0].max() == 1.0
+    assert chunk.rows[:, 1].min() == 0.0 and chunk.rows[:, 1].max() == 5.0
+    assert s.counters.chunks_position_clamped == 1
+
+
+def test_velocity_limits_between_rows_and_from_previous_chunk() -> None:
+    s = stream(max_velocity=(1.0, 100.0))  # joint 0: at most 0.1 per row
+    s.offer(np.zeros((10, 2), np.float32), 10.0, 0.0, now=10.0)
+    chunk = s.offer(np.full((10, 2), 5.0, np.float32), 10.0, 0.0, now=10.0)
+    np.testing.assert_allclose(chunk.rows[:, 0], 0.1 * np.arange(1, 11), rtol=1e-6)
+    np.testing.assert_allclose(chunk.rows[:, 1], 5.0)
+    assert s.counters.chunks_velocity_clamped == 1
+
+
+def test_chunk_ids_increase_and_rows_read_only() -> None:
+    s = stream()
+    a = s.offer(ramp(), 10.0, 0.0, now=10.0)
+    b = s.offer(ramp(), 10.1, 0.0, now=10.1)
+    assert (a.chunk_id, b.chunk_id) == (0, 1)
+    with pytest.raises(ValueError):
+        b.rows[0, 0] = 3.0
+
+
+def test_sample_interpolates_and_holds_ends() -> None:
+    c = TimedChunk(0, 1.0, 0.5, ramp(3), 1.0, 0.0)
+    assert c.sample(0.0)[0] == 0.0
+    assert c.sample(1.25)[0] == pytest.approx(0.5)
+    assert c.sample(9.0)[0] == 2.0
+    assert c.end == 2.0
+
+
+def test_hold_chunk_repeats_positions() -> None:
+    c = hold_chunk(np.array([0.5, -0.5]), now=3.0, dt=DT, horizon=4, chunk_id=7)
+    assert c.rows.shape == (4, 2) and np.all(c.rows == [0.5, -0.5])
+    assert c.start == 3.0 and c.chunk_id == 7
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(dt=0.0), dict(blend_mode="cubic"), dict(blend_steps=-1), dict(max_chunk_age_s=0.0),
+     dict(position_lower=(1.0,)), dict(max_velocity=(0.0, 1.0)),
+     dict(position_lower=(1.0, 1.0), position_upper=(0.0, 2.0))],
+)
+def test_invalid_config_rejected(overrides) -> None:
+    with pytest.raises(ValueError):
+        stream(**overrides)
