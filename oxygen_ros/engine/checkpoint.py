@@ -165,5 +165,5 @@ def _tree_problems(
     return problems
 
 
-def _map_nested(tree: Mapping, fn):  # noqa: ANN202
+def _map_nested(tree: Mapping, fn):
     return {k: _map_nested(v, fn) if isinstance(v, Mapping) else fn(v) for k, v in tree.items()}

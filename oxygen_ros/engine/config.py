@@ -162,7 +162,8 @@ class EngineConfig:
         if needed - 1 > self.cache.max_seq_len:
             raise ValueError(
                 f"cache.max_seq_len={self.cache.max_seq_len} is too small for max_tail_len="
-                f"{self.prompt.max_tail_len} plus the largest default max_tokens (needs {needed - 1})"
+                f"{self.prompt.max_tail_len} plus the largest default max_tokens "
+                f"(needs {needed - 1})"
             )
 
 

@@ -86,7 +86,9 @@ class Decoded:
 
 
 @dataclasses.dataclass
-class _Counters:
+class Counters:
+    """Mutable counterparts of `EngineStats`, updated by the runner functions."""
+
     num_frames: int = 0
     num_prefills: int = 0
     num_extends: int = 0
@@ -151,8 +153,11 @@ def prepare_requests(
         if max_tokens < 1:
             error = f"max_tokens must be >= 1, got {max_tokens}"
         elif needed > cache_config.max_seq_len:
-            error = f"tail + max_tokens - 1 = {needed} exceeds cache max_seq_len={cache_config.max_seq_len}"
-        prepared.append(PreparedRequest(request_id, request, max_tokens, tail_tokens, tail_mask, error))
+            limit = cache_config.max_seq_len
+            error = f"tail + max_tokens - 1 = {needed} exceeds cache max_seq_len={limit}"
+        prepared.append(
+            PreparedRequest(request_id, request, max_tokens, tail_tokens, tail_mask, error)
+        )
     return prepared
 
 
@@ -162,18 +167,15 @@ def decode_to_completion(
     prefix_index: int,
     requests: Sequence[PreparedRequest],
     cache_config: CacheConfig,
-    vocab_size: int,
     eos_id: int,
-    counters: _Counters,
+    counters: Counters,
 ) -> list[Decoded]:
     """Decodes requests (all reading stored prefix `prefix_index`) in waves of num_slots rows."""
     results: list[Decoded] = []
     slots = cache_config.num_slots
     for start in range(0, len(requests), slots):
         wave = requests[start : start + slots]
-        results += _decode_wave(
-            model, store, prefix_index, wave, cache_config, vocab_size, eos_id, counters
-        )
+        results += _decode_wave(model, store, prefix_index, wave, cache_config, eos_id, counters)
     return results
 
 
@@ -183,9 +185,8 @@ def _decode_wave(
     prefix_index: int,
     wave: Sequence[PreparedRequest],
     cache_config: CacheConfig,
-    vocab_size: int,
     eos_id: int,
-    counters: _Counters,
+    counters: Counters,
 ) -> list[Decoded]:
     slots, num = cache_config.num_slots, len(wave)
     tail_len = wave[0].tail_tokens.shape[0]
@@ -208,7 +209,7 @@ def _decode_wave(
     status = [RequestStatus.RUNNING] * num
     while True:
         indices = np.array([len(t) for t in tokens] + [0] * (slots - num), np.int32)
-        sampled = np.asarray(model.sample_tokens(logits, temperature, seeds, indices, vocab_size))
+        sampled = np.asarray(model.sample_tokens(logits, temperature, seeds, indices))
         for row in np.flatnonzero(active):
             token = int(sampled[row])
             counters.num_generated_tokens += 1
@@ -265,9 +266,10 @@ class Engine:
         if model.config != config.model:
             raise ValueError(f"model config {model.config} differs from {config.model}")
         self.normalizer = Normalizer(norm_stats, config.norm)
-        self.model = JitModel(model)
-        self._vocab_size = min(self.tokenizer.vocab_size, PALIGEMMA_VOCAB_SIZE)
-        self._counters = _Counters()
+        self.model = JitModel(
+            model, vocab_size=min(self.tokenizer.vocab_size, PALIGEMMA_VOCAB_SIZE)
+        )
+        self._counters = Counters()
         self._next_request = 0
 
     @property
@@ -381,7 +383,6 @@ class Engine:
             0,
             requests,
             self.config.cache,
-            self._vocab_size,
             self.tokenizer.eos_id,
             self._counters,
         )
@@ -402,6 +403,7 @@ class Engine:
             result = next(results)
             text = self.tokenizer.decode(result.token_ids)
             ids = tuple(result.token_ids)
-            outputs.append(RequestOutput(request.request_id, kind, ids, text, 0, result.status, text))
+            outputs.append(
+                RequestOutput(request.request_id, kind, ids, text, 0, result.status, text)
+            )
         return tuple(outputs)
-

@@ -18,6 +18,9 @@ Invariants:
   observation until real (or perturbed) parameters are loaded.
 """
 
+# jaxtyping shape strings ("b s d") are not Python expressions; pyflakes' F722 misreads them.
+# ruff: noqa: F722
+
 from __future__ import annotations
 
 import einops
@@ -31,7 +34,7 @@ import openpi.models.siglip as _siglip
 from jaxtyping import Array, Bool, Float, Int
 from openpi.models.pi0 import posemb_sincos
 
-from oxygen_ros.engine.config import ModelConfig
+from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, ModelConfig
 
 # openpi's time embedding period range for the flow-matching timestep (pi0.py).
 TIME_MIN_PERIOD = 4e-3
@@ -41,6 +44,16 @@ TIME_MAX_PERIOD = 4.0
 def _embedder_decode(module: _gemma.Module, hidden: Array) -> Array:
     """Runs openpi's tied-embedding output head inside the linen module."""
     return module.embedder.decode(hidden)
+
+
+def _embedder_decode_first(vocab_size: int):
+    """Tied-embedding head over the first `vocab_size` rows only (small tokenizers)."""
+
+    def decode(module: _gemma.Module, hidden: Array) -> Array:
+        table = module.embedder.input_embedding_table[:vocab_size]
+        return jnp.dot(hidden, table.T)
+
+    return decode
 
 
 class Pi05Model(nnx.Module):
@@ -82,9 +95,18 @@ class Pi05Model(nnx.Module):
     def embed_tokens(self, tokens: Int[Array, "b t"]) -> Float[Array, "b t d"]:
         return self.llm(tokens, method="embed")
 
-    def logits(self, hidden: Float[Array, "*n d"]) -> Float[Array, "*n v"]:
-        """Tied-embedding output head (openpi `Embedder.decode`)."""
-        return self.llm(hidden, method=_embedder_decode)
+    def logits(
+        self, hidden: Float[Array, "*n d"], vocab_size: int | None = None
+    ) -> Float[Array, "*n v"]:
+        """Tied-embedding output head (openpi `Embedder.decode`).
+
+        With `vocab_size` smaller than the table, only the first `vocab_size` rows are used
+        (equal to slicing the full logits, without computing the rest: the table always
+        has 257,152 rows, the project's small tokenizer 640).
+        """
+        if vocab_size is None or vocab_size >= PALIGEMMA_VOCAB_SIZE:
+            return self.llm(hidden, method=_embedder_decode)
+        return self.llm(hidden, method=_embedder_decode_first(vocab_size))
 
     def embed_prefix(
         self,
@@ -148,8 +170,8 @@ def abstract_model(config: ModelConfig) -> Pi05Model:
 def param_shapes(model: Pi05Model) -> dict[str, tuple[tuple[int, ...], str]]:
     """Flat {"a/b/c": (shape, dtype)} of every parameter, for tree comparisons."""
     out = {}
-    for path, leaf in nnx.state(model, nnx.Param).flat_state():
-        value = leaf.get_value() if hasattr(leaf, "get_value") else leaf.value
+    for path, leaf in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        value = leaf.get_value()
         out["/".join(str(p) for p in path)] = (tuple(value.shape), str(value.dtype))
     return out
 

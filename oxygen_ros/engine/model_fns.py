@@ -26,6 +26,9 @@ Invariants:
   model of one config shares one compilation.
 """
 
+# jaxtyping shape strings ("b s d") are not Python expressions; pyflakes' F722 misreads them.
+# ruff: noqa: F722
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,7 +70,9 @@ def prefill(model: Pi05Model, inputs: PrefixInputs) -> Prefix:
         inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask
     )
     positions = jnp.cumsum(mask, axis=1) - 1
-    _, (k, v) = model.llm([embedded, None], mask=make_attn_mask(mask, ar_mask), positions=positions)
+    _, (k, v) = model.llm(
+        [embedded, None], mask=make_attn_mask(mask, ar_mask), positions=positions
+    )
     return Prefix(k, v, mask)
 
 
@@ -116,13 +121,14 @@ def extend(
     prefix_index: Int[Array, " b"],
     tail_tokens: Int[Array, "b t"],
     tail_mask: Bool[Array, "b t"],
+    vocab_size: int | None = None,
 ) -> tuple[Float[Array, "l b t k h"], Float[Array, "l b t k h"], Float[Array, "b v"]]:
     """Prefills language tails after stored prefixes, causally.
 
     Row b reads prefix `store[prefix_index[b]]`; its tail is left-aligned (tail_mask a run
     of True then False) and starts at the prefix's valid length. Returns the tails' k/v
     [L, B, T, K, H] (padded positions hold junk, beyond the row's tail length) and the
-    logits of each row's last valid tail token.
+    logits of each row's last valid tail token (first `vocab_size` ids; None: all).
     """
     prefix = _gather_prefix(store, prefix_index)
     num_tail = tail_tokens.shape[1]
@@ -141,7 +147,7 @@ def extend(
     last = jnp.maximum(jnp.sum(tail_mask, axis=-1) - 1, 0)
     hidden = jnp.take_along_axis(out, last[:, None, None], axis=1)[:, 0]
     num_prefix = prefix.k.shape[2]
-    return k[:, :, num_prefix:], v[:, :, num_prefix:], model.logits(hidden)
+    return k[:, :, num_prefix:], v[:, :, num_prefix:], model.logits(hidden, vocab_size)
 
 
 def decode_step(
@@ -153,12 +159,14 @@ def decode_step(
     gen_len: Int[Array, " b"],
     tokens: Int[Array, " b"],
     active: Bool[Array, " b"],
+    vocab_size: int | None = None,
 ) -> tuple[Float[Array, "b v"], Float[Array, "l b t k h"], Float[Array, "l b t k h"]]:
     """One token per slot row; returns logits [B, V] and the updated gen cache.
 
     Row b feeds `tokens[b]` at position valid_len(prefix) + gen_len[b], attends to its stored
     prefix `store[slot_prefix[b]]`, to its first gen_len[b] gen-cache entries and to itself,
-    and writes its k/v at gen-cache index gen_len[b]. Inactive rows write nothing.
+    and writes its k/v at gen-cache index gen_len[b]. Inactive rows write nothing. Logits
+    cover the first `vocab_size` ids (None: all).
     """
     batch, capacity = gen_k.shape[1], gen_k.shape[2]
     prefix = _gather_prefix(store, slot_prefix)
@@ -186,7 +194,7 @@ def decode_step(
     write_at = jnp.where(active, gen_len, capacity)  # out of range: dropped
     gen_k = gen_k.at[:, rows, write_at].set(k[:, :, -1], mode="drop")
     gen_v = gen_v.at[:, rows, write_at].set(v[:, :, -1], mode="drop")
-    return model.logits(out[:, 0]), gen_k, gen_v
+    return model.logits(out[:, 0], vocab_size), gen_k, gen_v
 
 
 def write_tail(
@@ -208,10 +216,10 @@ def sample_tokens(
     temperature: Float[Array, " b"],
     seeds: Int[Array, " b"],
     indices: Int[Array, " b"],
-    vocab_size: int,
 ) -> Int[Array, " b"]:
-    """Greedy (temperature <= 0) or temperature sampling over the first `vocab_size` ids."""
-    logits = logits[:, :vocab_size].astype(jnp.float32)
+    """Greedy (temperature <= 0) or temperature sampling; token i of a request uses
+    fold_in(key(seed), i)."""
+    logits = logits.astype(jnp.float32)
     greedy = jnp.argmax(logits, axis=-1)
     keys = jax.vmap(lambda s, i: jax.random.fold_in(jax.random.key(s), i))(seeds, indices)
     scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
@@ -224,8 +232,12 @@ def full_forward_logits(
     inputs: PrefixInputs,
     text_tokens: Int[Array, "b t"],
     text_mask: Bool[Array, "b t"],
+    vocab_size: int | None = None,
 ) -> Float[Array, "b t v"]:
-    """Uncached reference: prefix (bidirectional) + text (causal) in one pass, logits per text token."""
+    """Uncached reference: prefix (bidirectional) + text (causal) in one pass.
+
+    Returns the logits after every text token (first `vocab_size` ids; None: all).
+    """
     embedded, mask, ar_mask = model.embed_prefix(
         inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask
     )
@@ -233,8 +245,10 @@ def full_forward_logits(
     mask = jnp.concatenate([mask, text_mask], axis=1)
     ar_mask = jnp.concatenate([ar_mask, jnp.ones((text_tokens.shape[1],), dtype=bool)])
     positions = jnp.cumsum(mask, axis=1) - 1
-    (out, _), _ = model.llm([embedded, None], mask=make_attn_mask(mask, ar_mask), positions=positions)
-    return model.logits(out[:, -text_tokens.shape[1] :])
+    (out, _), _ = model.llm(
+        [embedded, None], mask=make_attn_mask(mask, ar_mask), positions=positions
+    )
+    return model.logits(out[:, -text_tokens.shape[1] :], vocab_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,8 +268,8 @@ def _compiled(config: ModelConfig) -> _Compiled:
     graphdef, abstract_state = nnx.split(abstract_model(config))
     treedef = jax.tree.structure(abstract_state)
 
-    def bind(fn):  # noqa: ANN001, ANN202 - fn(model, *args) -> jitted fn(leaves, *args)
-        def with_leaves(leaves, *args):  # noqa: ANN001, ANN202
+    def bind(fn):
+        def with_leaves(leaves, *args):
             return fn(nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves)), *args)
 
         return with_leaves
@@ -264,19 +278,24 @@ def _compiled(config: ModelConfig) -> _Compiled:
         treedef=treedef,
         prefill=jax.jit(bind(prefill)),
         denoise=jax.jit(bind(denoise), static_argnums=3),
-        extend=jax.jit(bind(extend)),
-        decode_step=jax.jit(bind(decode_step), donate_argnums=(3, 4)),
+        extend=jax.jit(bind(extend), static_argnums=5),
+        decode_step=jax.jit(bind(decode_step), static_argnums=8, donate_argnums=(3, 4)),
         write_tail=jax.jit(write_tail, donate_argnums=(0, 1)),
-        sample_tokens=jax.jit(sample_tokens, static_argnums=4),
-        full_forward_logits=jax.jit(bind(full_forward_logits)),
+        sample_tokens=jax.jit(sample_tokens),
+        full_forward_logits=jax.jit(bind(full_forward_logits), static_argnums=4),
     )
 
 
 class JitModel:
-    """The model functions above, jitted (once per `ModelConfig`) and bound to one model's parameters."""
+    """The model functions above, jitted once per `ModelConfig`, bound to one model's parameters.
 
-    def __init__(self, model: Pi05Model) -> None:
+    All logits cover the first `vocab_size` ids (the tokenizer's vocabulary; None: the whole
+    257,152-row embedding), so ids the tokenizer cannot decode are never sampled.
+    """
+
+    def __init__(self, model: Pi05Model, vocab_size: int | None = None) -> None:
         self.config: ModelConfig = model.config
+        self.vocab_size = vocab_size
         self._fns = _compiled(self.config)
         leaves, treedef = jax.tree.flatten(nnx.state(model))
         if treedef != self._fns.treedef:
@@ -293,7 +312,9 @@ class JitModel:
     def extend(
         self, store: Prefix, prefix_index: Array, tail_tokens: Array, tail_mask: Array
     ) -> tuple[Array, Array, Array]:
-        return self._fns.extend(self._leaves, store, prefix_index, tail_tokens, tail_mask)
+        return self._fns.extend(
+            self._leaves, store, prefix_index, tail_tokens, tail_mask, self.vocab_size
+        )
 
     def decode_step(
         self,
@@ -306,9 +327,8 @@ class JitModel:
         active: Array,
     ) -> tuple[Array, Array, Array]:
         """As `decode_step`; gen_k and gen_v are donated (do not reuse the passed arrays)."""
-        return self._fns.decode_step(
-            self._leaves, store, slot_prefix, gen_k, gen_v, gen_len, tokens, active
-        )
+        args = (store, slot_prefix, gen_k, gen_v, gen_len, tokens, active, self.vocab_size)
+        return self._fns.decode_step(self._leaves, *args)
 
     def write_tail(
         self, gen_k: Array, gen_v: Array, rows: Array, tail_k: Array, tail_v: Array
@@ -317,18 +337,19 @@ class JitModel:
         return self._fns.write_tail(gen_k, gen_v, rows, tail_k, tail_v)
 
     def sample_tokens(
-        self, logits: Array, temperature: Array, seeds: Array, indices: Array, vocab_size: int
+        self, logits: Array, temperature: Array, seeds: Array, indices: Array
     ) -> Array:
-        return self._fns.sample_tokens(logits, temperature, seeds, indices, vocab_size)
+        return self._fns.sample_tokens(logits, temperature, seeds, indices)
 
     def full_forward_logits(
         self, inputs: PrefixInputs, text_tokens: Array, text_mask: Array
     ) -> Array:
-        return self._fns.full_forward_logits(self._leaves, inputs, text_tokens, text_mask)
+        return self._fns.full_forward_logits(
+            self._leaves, inputs, text_tokens, text_mask, self.vocab_size
+        )
 
     def empty_gen_cache(self, num_slots: int, max_seq_len: int) -> tuple[Array, Array]:
         """Zeroed gen cache k, v [L, num_slots, max_seq_len, K, H] in the compute dtype."""
         llm = _gemma.get_config(self.config.paligemma_variant)  # type: ignore[arg-type]
         shape = (llm.depth, num_slots, max_seq_len, llm.num_kv_heads, llm.head_dim)
         return jnp.zeros(shape, self.config.dtype), jnp.zeros(shape, self.config.dtype)
-

@@ -68,11 +68,15 @@ def tokenize_action_prompt(
     return pad_tokens(ids, max_len)
 
 
-def tokenize_tail(tokenizer: Tokenizer, tail: str, max_tail_len: int) -> tuple[np.ndarray, np.ndarray]:
+def tokenize_tail(
+    tokenizer: Tokenizer, tail: str, max_tail_len: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Tokenises a language tail (no BOS); returns (tokens int32 [max_tail_len], mask bool)."""
     ids = tokenizer.encode(tail)
     if not ids:
         raise ValueError("a language tail must have at least one token")
     if len(ids) > max_tail_len:
-        raise ValueError(f"tail {tail!r} has {len(ids)} tokens, more than max_tail_len={max_tail_len}")
+        raise ValueError(
+            f"tail {tail!r} has {len(ids)} tokens, more than max_tail_len={max_tail_len}"
+        )
     return pad_tokens(ids, max_tail_len)

@@ -10,7 +10,7 @@ Invariants:
   is the first one at or after `now` (re-based to the publish time).
 - Nothing stale is published: no slice when the chunk's observation is older than
   `max_chunk_age_s`, or when every row has passed.
-- A chunk with a NaN/inf value or the wrong width is refused whole (`ChunkRejected`), and the
+- A chunk with a NaN/inf value or the wrong width is refused whole (`RejectedChunkError`), and the
   previous chunk stays current.
 - Rows are clamped to the position limits and, between consecutive rows (and from the
   previous chunk into the new one), to the velocity limits; the clamps are counted.
@@ -31,7 +31,7 @@ BLEND_MODES = ("replace", "blend")
 TIME_EPS = 1e-9  # seconds; a row exactly at `now` counts as not yet passed
 
 
-class ChunkRejected(ValueError):
+class RejectedChunkError(ValueError):
     """A chunk that must never be published; `reason` is a counter name."""
 
     def __init__(self, reason: str, message: str) -> None:
@@ -68,8 +68,12 @@ class StreamConfig:
                 raise ValueError(f"{name} needs 0 or {self.num_joints} values, got {len(value)}")
         if self.max_velocity and min(self.max_velocity) <= 0:
             raise ValueError("max_velocity values must be > 0")
-        if self.position_lower and self.position_upper and any(
-            lo > hi for lo, hi in zip(self.position_lower, self.position_upper, strict=True)
+        if (
+            self.position_lower
+            and self.position_upper
+            and any(
+                lo > hi for lo, hi in zip(self.position_lower, self.position_upper, strict=True)
+            )
         ):
             raise ValueError("position_lower must not exceed position_upper")
 
@@ -102,7 +106,7 @@ class TimedChunk:
             return self.rows[0].astype(np.float64)
         if x >= len(self.rows) - 1:
             return self.rows[-1].astype(np.float64)
-        k = int(math.floor(x))
+        k = math.floor(x)
         frac = x - k
         return (1 - frac) * self.rows[k].astype(np.float64) + frac * self.rows[k + 1]
 
@@ -167,22 +171,22 @@ class ActionStream:
             The chunk as it will be published.
 
         Raises:
-            ChunkRejected: Wrong shape, non-finite values, or an observation older than
+            RejectedChunkError: Wrong shape, non-finite values, or an observation older than
                 `max_chunk_age_s`. The previous chunk stays current.
         """
         cfg = self.config
         rows = np.asarray(actions)
         if rows.ndim != 2 or rows.shape[0] < 1 or rows.shape[1] != cfg.num_joints:
             self.counters.chunks_bad_shape += 1
-            raise ChunkRejected(
+            raise RejectedChunkError(
                 "bad_shape", f"chunk shape {rows.shape}, expected [A>=1, {cfg.num_joints}]"
             )
         if not np.all(np.isfinite(rows)):
             self.counters.chunks_non_finite += 1
-            raise ChunkRejected("non_finite", "chunk contains NaN or inf; discarded")
+            raise RejectedChunkError("non_finite", "chunk contains NaN or inf; discarded")
         if now - observation_stamp > cfg.max_chunk_age_s:
             self.counters.chunks_stale += 1
-            raise ChunkRejected(
+            raise RejectedChunkError(
                 "stale",
                 f"chunk's observation is {now - observation_stamp:.3f} s old "
                 f"(max_chunk_age_s={cfg.max_chunk_age_s})",

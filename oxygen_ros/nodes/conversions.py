@@ -9,7 +9,7 @@ Invariants:
   never truncated into the wrong second).
 - An `ObservationFrame` is turned into an engine `Observation` only if it satisfies the
   message invariants (matching lengths, every slot rgb8 at the model resolution, finite joint
-  values, the configured joints); otherwise `FrameRejected` says why.
+  values, the configured joints); otherwise `RejectedFrameError` says why.
 - Speech statuses map one to one except REFUSED, which is reported as STATUS_ERROR with the
   engine's reason in `error` (the message has no REFUSED status).
 """
@@ -47,11 +47,15 @@ STATUS_TO_MSG: dict[RequestStatus, int] = {
     RequestStatus.FINISHED_ERROR: SpeechToken.STATUS_ERROR,
     RequestStatus.REFUSED: SpeechToken.STATUS_ERROR,
 }
-DIAGNOSTIC_LEVELS = {"OK": DiagnosticStatus.OK, "WARN": DiagnosticStatus.WARN,
-                     "ERROR": DiagnosticStatus.ERROR, "STALE": DiagnosticStatus.STALE}
+DIAGNOSTIC_LEVELS = {
+    "OK": DiagnosticStatus.OK,
+    "WARN": DiagnosticStatus.WARN,
+    "ERROR": DiagnosticStatus.ERROR,
+    "STALE": DiagnosticStatus.STALE,
+}
 
 
-class FrameRejected(ValueError):
+class RejectedFrameError(ValueError):
     """An ObservationFrame that must not reach the model; `reason` is a counter name."""
 
     def __init__(self, reason: str, message: str) -> None:
@@ -96,10 +100,10 @@ def rgb_image_msg(rgb: np.ndarray, stamp: Time, frame_id: str) -> Image:
 def image_msg_to_rgb(msg: Image) -> np.ndarray:
     """An rgb8 `sensor_msgs/Image` without padding -> uint8 [h, w, 3] view of its buffer."""
     if msg.encoding != "rgb8" or msg.step != msg.width * 3:
-        raise FrameRejected("bad_image", f"expected unpadded rgb8, got {msg.encoding}")
+        raise RejectedFrameError("bad_image", f"expected unpadded rgb8, got {msg.encoding}")
     data = np.frombuffer(msg.data, dtype=np.uint8)
     if data.size != msg.height * msg.width * 3:
-        raise FrameRejected("bad_image", f"rgb8 image data has {data.size} bytes")
+        raise RejectedFrameError("bad_image", f"rgb8 image data has {data.size} bytes")
     return data.reshape(msg.height, msg.width, 3)
 
 
@@ -138,8 +142,9 @@ def observation_frame_msg(
             image = blank
         out_images.append(rgb_image_msg(image, seconds_to_time(slot_stamp), frame_id))
     msg.images = out_images
-    msg.image_valid = [bool(v) and img is not None
-                       for v, img in zip(frame.valid, images, strict=True)]
+    msg.image_valid = [
+        bool(v) and img is not None for v, img in zip(frame.valid, images, strict=True)
+    ]
     msg.image_stamps = [seconds_to_time(s) for s in frame.image_stamps]
     msg.joint_names = list(frame.joint_names)
     msg.joint_positions = array.array("d", np.asarray(frame.positions, dtype=np.float64).tobytes())
@@ -167,21 +172,23 @@ def observation_from_msg(
         image_shape: (height, width) of the model's images.
 
     Raises:
-        FrameRejected: The frame breaks a message invariant or does not match the model.
+        RejectedFrameError: The frame breaks a message invariant or does not match the model.
     """
     n_images = len(msg.image_names)
     if not (len(msg.images) == len(msg.image_valid) == len(msg.image_stamps) == n_images):
-        raise FrameRejected("bad_frame", "image_names/images/image_valid/image_stamps lengths differ")
+        raise RejectedFrameError(
+            "bad_frame", "image_names/images/image_valid/image_stamps lengths differ"
+        )
     if len(msg.joint_positions) != len(msg.joint_names):
-        raise FrameRejected("bad_frame", "joint_names and joint_positions lengths differ")
+        raise RejectedFrameError("bad_frame", "joint_names and joint_positions lengths differ")
     index = {name: i for i, name in enumerate(msg.joint_names)}
     missing = [n for n in joint_names if n not in index]
     if missing:
-        raise FrameRejected("joint_mismatch", f"frame lacks configured joints {missing[:5]}")
+        raise RejectedFrameError("joint_mismatch", f"frame lacks configured joints {missing[:5]}")
     positions = np.asarray(msg.joint_positions, dtype=np.float64)
     state = positions[[index[n] for n in joint_names]].astype(np.float32)
     if not np.all(np.isfinite(state)):
-        raise FrameRejected("non_finite", "joint positions contain NaN or inf")
+        raise RejectedFrameError("non_finite", "joint positions contain NaN or inf")
     height, width = image_shape
     images: dict[str, np.ndarray] = {}
     masks: dict[str, bool] = {}
@@ -194,13 +201,19 @@ def observation_from_msg(
             continue
         img = msg.images[i]
         if (img.height, img.width) != (height, width):
-            raise FrameRejected(
-                "image_size", f"slot {slot} is {img.width}x{img.height}, model wants {width}x{height}"
+            raise RejectedFrameError(
+                "image_size",
+                f"slot {slot} is {img.width}x{img.height}, model wants {width}x{height}",
             )
         images[slot] = image_msg_to_rgb(img)
         masks[slot] = bool(msg.image_valid[i])
-    return Observation(images=images, image_masks=masks, state=state, prompt=prompt,
-                       stamp=time_to_seconds(msg.header.stamp))
+    return Observation(
+        images=images,
+        image_masks=masks,
+        state=state,
+        prompt=prompt,
+        stamp=time_to_seconds(msg.header.stamp),
+    )
 
 
 # --------------------------------------------------------------------------------- actions
@@ -227,7 +240,9 @@ def action_chunk_rows(msg: ActionChunk) -> np.ndarray:
     return np.asarray(msg.actions, dtype=np.float32).reshape(msg.horizon, len(msg.joint_names))
 
 
-def joint_trajectory_msg(piece: Slice, joint_names: Sequence[str], frame_id: str) -> JointTrajectory:
+def joint_trajectory_msg(
+    piece: Slice, joint_names: Sequence[str], frame_id: str
+) -> JointTrajectory:
     """A stream slice -> `trajectory_msgs/JointTrajectory` (time_from_start = k * dt)."""
     msg = JointTrajectory()
     msg.header.stamp = seconds_to_time(piece.stamp)

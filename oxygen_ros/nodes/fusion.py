@@ -17,7 +17,7 @@ Invariants:
   slot; it never blocks the frame. No frame is produced when the joint state is stale or
   absent, or when cameras are configured but none is valid.
 - Rejected input (non-finite values, mismatched lengths, stamps out of order or further than
-  `future_tolerance_s` in the future) raises `InputRejected` and leaves the state unchanged.
+  `future_tolerance_s` in the future) raises `RejectedInputError` and leaves the state unchanged.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 
-class InputRejected(ValueError):
+class RejectedInputError(ValueError):
     """A sample that must not reach the model; `reason` is a short counter name."""
 
     def __init__(self, reason: str, message: str) -> None:
@@ -125,15 +125,15 @@ class Fuser:
         """Stores an image payload of `camera` taken at `stamp`.
 
         Raises:
-            InputRejected: Unknown camera, non-finite stamp, stamp in the future beyond the
+            RejectedInputError: Unknown camera, non-finite stamp, stamp in the future beyond the
                 tolerance, or not newer than the camera's previous image.
         """
         if camera not in self._camera_by_name:
-            raise InputRejected("unknown_camera", f"camera {camera!r} is not configured")
+            raise RejectedInputError("unknown_camera", f"camera {camera!r} is not configured")
         self._check_stamp(stamp, now)
         stamps = self._image_stamps[camera]
         if stamps and stamp <= stamps[-1]:
-            raise InputRejected(
+            raise RejectedInputError(
                 "out_of_order", f"camera {camera}: stamp {stamp:.6f} not after {stamps[-1]:.6f}"
             )
         stamps.append(stamp)
@@ -158,33 +158,35 @@ class Fuser:
             now: Current time, seconds.
 
         Raises:
-            InputRejected: Mismatched lengths, duplicate names, non-finite values, no configured
-                joint at all, or a bad stamp (see `add_image`).
+            RejectedInputError: Mismatched lengths, duplicate names, non-finite values, no
+                configured joint at all, or a bad stamp (see `add_image`).
         """
         self._check_stamp(stamp, now)
         if len(positions) != len(names):
-            raise InputRejected(
+            raise RejectedInputError(
                 "length_mismatch", f"{len(names)} names but {len(positions)} positions"
             )
         if len(velocities) not in (0, len(names)):
-            raise InputRejected(
+            raise RejectedInputError(
                 "length_mismatch", f"{len(names)} names but {len(velocities)} velocities"
             )
         if len(set(names)) != len(names):
-            raise InputRejected("duplicate_names", "a joint name appears twice")
+            raise RejectedInputError("duplicate_names", "a joint name appears twice")
         pos = np.asarray(positions, dtype=np.float64)
         vel = np.asarray(velocities, dtype=np.float64)
         if not (np.all(np.isfinite(pos)) and np.all(np.isfinite(vel))):
-            raise InputRejected("non_finite", "joint state contains NaN or inf")
+            raise RejectedInputError("non_finite", "joint state contains NaN or inf")
         if self._snapshots and stamp < self._snapshots[-1].stamp:
-            raise InputRejected(
+            raise RejectedInputError(
                 "out_of_order",
                 f"joint state stamp {stamp:.6f} before {self._snapshots[-1].stamp:.6f}",
             )
         known = [(self._joint_index[n], i) for i, n in enumerate(names) if n in self._joint_index]
         unknown = [n for n in names if n not in self._joint_index]
         if not known:
-            raise InputRejected("unknown_names", f"no configured joint among {list(names)[:8]}")
+            raise RejectedInputError(
+                "unknown_names", f"no configured joint among {list(names)[:8]}"
+            )
         dst, src = (np.array(x, dtype=np.int64) for x in zip(*known, strict=True))
         self._positions[dst] = pos[src]
         self._velocities[dst] = vel[src] if vel.size else np.nan
@@ -200,8 +202,11 @@ class Fuser:
 
     def missing_joints(self) -> list[str]:
         """Configured joints that have never been received."""
-        return [n for n, v in zip(self.config.joint_names, self._positions, strict=True)
-                if math.isnan(v)]
+        return [
+            n
+            for n, v in zip(self.config.joint_names, self._positions, strict=True)
+            if math.isnan(v)
+        ]
 
     # ---------------------------------------------------------------- fusion
     def fuse(self, now: float) -> tuple[FusedFrame | None, str]:
@@ -226,8 +231,11 @@ class Fuser:
                 continue
             for lower in self._window_starts(snap.stamp):
                 chosen = self._choose_images(lower, lower + cfg.max_skew_s, now)
-                score = (len(chosen), snap.stamp,
-                         sum(self._image_stamps[c][i] for c, i in chosen.items()))
+                score = (
+                    len(chosen),
+                    snap.stamp,
+                    sum(self._image_stamps[c][i] for c, i in chosen.items()),
+                )
                 if best is None or score > best[0]:
                     best = (score, snap, chosen)
         assert best is not None
@@ -248,12 +256,19 @@ class Fuser:
                 valid.append(False)
                 known = self._image_stamps[camera] if camera is not None else ()
                 stamps.append(known[-1] if known else 0.0)
-        skew = max((abs(s - snap.stamp) for s, v in zip(stamps, valid, strict=True) if v),
-                   default=0.0)
+        skew = max(
+            (abs(s - snap.stamp) for s, v in zip(stamps, valid, strict=True) if v), default=0.0
+        )
         frame = FusedFrame(
-            stamp=snap.stamp, slots=cfg.slots, payloads=tuple(payloads), valid=tuple(valid),
-            image_stamps=tuple(stamps), joint_names=cfg.joint_names,
-            positions=snap.positions, velocities=snap.velocities, max_skew=skew,
+            stamp=snap.stamp,
+            slots=cfg.slots,
+            payloads=tuple(payloads),
+            valid=tuple(valid),
+            image_stamps=tuple(stamps),
+            joint_names=cfg.joint_names,
+            positions=snap.positions,
+            velocities=snap.velocities,
+            max_skew=skew,
         )
         return frame, ""
 
@@ -280,9 +295,9 @@ class Fuser:
     # ---------------------------------------------------------------- helpers
     def _check_stamp(self, stamp: float, now: float) -> None:
         if not math.isfinite(stamp):
-            raise InputRejected("bad_stamp", f"stamp {stamp} is not finite")
+            raise RejectedInputError("bad_stamp", f"stamp {stamp} is not finite")
         if stamp > now + self.config.future_tolerance_s:
-            raise InputRejected(
+            raise RejectedInputError(
                 "future_stamp", f"stamp {stamp:.3f} is {stamp - now:.3f} s in the future"
             )
 

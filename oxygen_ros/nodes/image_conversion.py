@@ -78,7 +78,8 @@ def check_image(
         )
     if data_length != step * height:
         raise ImageConversionError(
-            "data_length", f"data has {data_length} bytes, expected step * height = {step * height}"
+            "data_length",
+            f"data has {data_length} bytes, expected step * height = {step * height}",
         )
     if out_height is not None and out_width is not None:
         ratio = max(width / out_width, height / out_height)
@@ -116,7 +117,9 @@ def decode_image(
     buffer = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
     buffer = buffer.reshape(-1)
     if buffer.dtype != np.uint8:
-        raise ImageConversionError("data_length", f"image data has dtype {buffer.dtype}, not uint8")
+        raise ImageConversionError(
+            "data_length", f"image data has dtype {buffer.dtype}, not uint8"
+        )
     check_image(height, width, encoding, step, buffer.size, max_dim=max_dim)
     channels = ENCODING_CHANNELS[encoding]
     row_bytes = width * channels
@@ -188,7 +191,7 @@ def encode_image(rgb: np.ndarray, encoding: str, row_padding: int = 0) -> tuple[
     elif encoding == "bgr8":
         pixels = rgb[:, :, ::-1]
     elif encoding in ("rgba8", "bgra8"):
-        alpha = np.full(rgb.shape[:2] + (1,), 255, dtype=np.uint8)
+        alpha = np.full((*rgb.shape[:2], 1), 255, dtype=np.uint8)
         color = rgb if encoding == "rgba8" else rgb[:, :, ::-1]
         pixels = np.concatenate([color, alpha], axis=2)
     else:  # mono8: ITU-R 601 luma

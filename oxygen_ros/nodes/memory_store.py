@@ -87,7 +87,9 @@ class MemoryStore:
                 raise sqlite3.DatabaseError(f"quick_check failed: {check}")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-            if version not in (0, SCHEMA_VERSION) or (version == 0 and tables - {"sqlite_sequence"}):
+            if version not in (0, SCHEMA_VERSION) or (
+                version == 0 and tables - {"sqlite_sequence"}
+            ):
                 raise sqlite3.DatabaseError(
                     f"not an oxygen_ros memory database (user_version={version}, "
                     f"tables={sorted(tables)})"
@@ -145,7 +147,9 @@ class MemoryStore:
             ).fetchall()
         return [_record(r) for r in reversed(rows)]
 
-    def query(self, text: str = "", since: float = 0.0, max_entries: int = 20) -> list[MemoryRecord]:
+    def query(
+        self, text: str = "", since: float = 0.0, max_entries: int = 20
+    ) -> list[MemoryRecord]:
         """Entries containing `text` (case-insensitive) created at or after `since`, newest first.
 
         Args:

@@ -13,10 +13,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from engine_factories import TINY, make_engine_config, perturb_zero_params  # noqa: E402
+from engine_factories import TINY, make_engine_config, perturb_zero_params
 
-from oxygen_ros.engine.config import EngineConfig  # noqa: E402
-from oxygen_ros.engine.model import Pi05Model, create_model  # noqa: E402
+from oxygen_ros.engine.config import EngineConfig
+from oxygen_ros.engine.model import Pi05Model, create_model
 
 
 @pytest.fixture(scope="session")

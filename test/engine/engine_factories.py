@@ -60,7 +60,9 @@ def make_observation(
     """Random uint8 images for every slot and a state partly outside [-1, 1]."""
     rng = np.random.default_rng(seed)
     height, width = model.image_resolution
-    images = {k: rng.integers(0, 256, (height, width, 3), dtype=np.uint8) for k in model.image_keys}
+    images = {
+        k: rng.integers(0, 256, (height, width, 3), dtype=np.uint8) for k in model.image_keys
+    }
     state = rng.uniform(-1.2, 1.2, (state_dim,)).astype(np.float32)
     return Observation(
         images=images,
@@ -71,9 +73,7 @@ def make_observation(
     )
 
 
-def make_request(
-    kind: RequestKind = RequestKind.SUBTASK, **fields: object
-) -> LanguageRequest:
+def make_request(kind: RequestKind = RequestKind.SUBTASK, **fields: object) -> LanguageRequest:
     return LanguageRequest(kind=kind, **fields)  # type: ignore[arg-type]
 
 

@@ -8,12 +8,6 @@ import logging
 import jax
 import numpy as np
 import pytest
-from flax import nnx
-from openpi.models import model as openpi_model
-from openpi.models import pi0_config
-from openpi.models import tokenizer as openpi_tokenizer
-from openpi.shared import nnx_utils
-
 from engine_factories import (
     TINY,
     make_engine_config,
@@ -22,6 +16,12 @@ from engine_factories import (
     perturb_zero_params,
     use_bundled_tokenizer_for_openpi,
 )
+from flax import nnx
+from openpi.models import model as openpi_model
+from openpi.models import pi0_config
+from openpi.models import tokenizer as openpi_tokenizer
+from openpi.shared import nnx_utils
+
 from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.model import create_model
 from oxygen_ros.engine.types import RequestKind, RequestStatus
@@ -45,7 +45,10 @@ def _openpi_observation(observation, tokenizer, action_dim):
     )
 
 
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`flax.nnx.State` will be deprecated:DeprecationWarning")
 def test_isolated_actions_equal_openpi_pi0_sample_actions(monkeypatch, tmp_path) -> None:
+    """openpi's own Pi0 (So400m tower, dummy Gemma) with our perturbed parameters."""
     ours = perturb_zero_params(create_model(TINY_SO400M, seed=3), seed=4)
     modulation = nnx.state(ours)["PaliGemma"]["llm"]["layers"]["pre_attention_norm_1"]
     assert np.abs(np.asarray(modulation["Dense_0"]["kernel"][...])).min() > 0
@@ -92,7 +95,9 @@ def _language_requests():
 def test_shared_prefix_matches_isolated_and_solo_decoding(tiny_model, tiny_config) -> None:
     observation = make_observation(2)
     noise = Engine(tiny_config, model=tiny_model).make_noise(7)
-    shared = Engine(tiny_config, model=tiny_model).step(observation, _language_requests(), noise=noise)
+    shared = Engine(tiny_config, model=tiny_model).step(
+        observation, _language_requests(), noise=noise
+    )
     isolated = Engine(tiny_config, model=tiny_model).run_isolated(
         observation, _language_requests(), noise=noise
     )
@@ -102,7 +107,9 @@ def test_shared_prefix_matches_isolated_and_solo_decoding(tiny_model, tiny_confi
         _language_requests(), shared.outputs, isolated.outputs, strict=True
     ):
         solo = Engine(tiny_config, model=tiny_model).step(observation, [request], noise=noise)
-        assert out_shared.new_token_ids == out_isolated.new_token_ids == solo.outputs[0].new_token_ids
+        assert (
+            out_shared.new_token_ids == out_isolated.new_token_ids == solo.outputs[0].new_token_ids
+        )
         assert out_shared.status in (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED)
         if out_shared.status is RequestStatus.FINISHED_LENGTH:
             assert len(out_shared.new_token_ids) == request.max_tokens
@@ -117,7 +124,10 @@ def test_shared_prefix_matches_isolated_and_solo_decoding(tiny_model, tiny_confi
 
 def test_one_prefill_per_frame_with_two_language_requests(tiny_model, tiny_config) -> None:
     engine = Engine(tiny_config, model=tiny_model)
-    requests = (make_request(RequestKind.NARRATION, max_tokens=4), make_request(RequestKind.MEMORY, max_tokens=4))
+    requests = (
+        make_request(RequestKind.NARRATION, max_tokens=4),
+        make_request(RequestKind.MEMORY, max_tokens=4),
+    )
     result = engine.step(make_observation(3), requests)
     stats = engine.stats()
     assert result.num_prefills == 1
@@ -142,10 +152,9 @@ def test_request_that_cannot_fit_is_refused_and_others_run(tiny_model, tiny_conf
     assert engine.stats().num_extends == 1
 
 
-def test_random_init_engine_warns_outputs_are_meaningless(caplog, tiny_config) -> None:
-    tiny_scan_config = make_engine_config(seed=11)
+def test_random_init_engine_warns_outputs_are_meaningless(caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="oxygen_ros.engine"):
-        engine = Engine(tiny_scan_config)
+        engine = Engine(make_engine_config(seed=11))
     assert any("meaningless" in r.getMessage() for r in caplog.records)
     result = engine.step(make_observation(5))
     assert result.actions.actions.shape == (TINY.action_horizon, TINY.action_dim)
@@ -158,7 +167,9 @@ def test_missing_camera_is_masked_and_changes_actions(tiny_model, tiny_config, m
     without = dataclasses.replace(
         observation, images={k: v for k, v in observation.images.items() if k != missing}
     )
-    masked = dataclasses.replace(observation, image_masks={**observation.image_masks, missing: False})
+    masked = dataclasses.replace(
+        observation, image_masks={**observation.image_masks, missing: False}
+    )
     engine = Engine(tiny_config, model=tiny_model)
     noise = engine.make_noise(0)
     full = engine.step(observation, noise=noise).actions.actions

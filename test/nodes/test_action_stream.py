@@ -5,7 +5,7 @@ import pytest
 
 from oxygen_ros.nodes.action_stream import (
     ActionStream,
-    ChunkRejected,
+    RejectedChunkError,
     StreamConfig,
     TimedChunk,
     hold_chunk,
@@ -71,7 +71,7 @@ def test_nothing_published_when_exhausted_or_stale() -> None:
 
 def test_stale_chunk_refused_and_counted() -> None:
     s = stream(max_chunk_age_s=0.5)
-    with pytest.raises(ChunkRejected) as info:
+    with pytest.raises(RejectedChunkError) as info:
         s.offer(ramp(), 10.0, 0.6, now=10.6)
     assert info.value.reason == "stale" and s.counters.chunks_stale == 1
 
@@ -82,7 +82,7 @@ def test_non_finite_chunk_discarded_previous_kept(bad: float) -> None:
     good = s.offer(ramp(), 10.0, 0.0, now=10.0)
     rows = ramp(offset=5)
     rows[4, 1] = bad
-    with pytest.raises(ChunkRejected) as info:
+    with pytest.raises(RejectedChunkError) as info:
         s.offer(rows, 10.1, 0.0, now=10.1)
     assert info.value.reason == "non_finite"
     assert s.current is good and s.counters.chunks_non_finite == 1
@@ -90,7 +90,7 @@ def test_non_finite_chunk_discarded_previous_kept(bad: float) -> None:
 
 def test_wrong_width_refused() -> None:
     s = stream()
-    with pytest.raises(ChunkRejected) as info:
+    with pytest.raises(RejectedChunkError) as info:
         s.offer(np.zeros((10, 3)), 10.0, 0.0, now=10.0)
     assert info.value.reason == "bad_shape"
 
@@ -173,9 +173,15 @@ def test_hold_chunk_repeats_positions() -> None:
 
 @pytest.mark.parametrize(
     "overrides",
-    [dict(dt=0.0), dict(blend_mode="cubic"), dict(blend_steps=-1), dict(max_chunk_age_s=0.0),
-     dict(position_lower=(1.0,)), dict(max_velocity=(0.0, 1.0)),
-     dict(position_lower=(1.0, 1.0), position_upper=(0.0, 2.0))],
+    [
+        dict(dt=0.0),
+        dict(blend_mode="cubic"),
+        dict(blend_steps=-1),
+        dict(max_chunk_age_s=0.0),
+        dict(position_lower=(1.0,)),
+        dict(max_velocity=(0.0, 1.0)),
+        dict(position_lower=(1.0, 1.0), position_upper=(0.0, 2.0)),
+    ],
 )
 def test_invalid_config_rejected(overrides) -> None:
     with pytest.raises(ValueError):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from oxygen_ros.nodes.fusion import CameraSpec, FusionConfig, Fuser, InputRejected
+from oxygen_ros.nodes.fusion import CameraSpec, Fuser, FusionConfig, RejectedInputError
 
 SLOTS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 JOINTS = ("a", "b", "c")
@@ -11,10 +11,17 @@ JOINTS = ("a", "b", "c")
 
 def make_fuser(camera_names=("head", "left", "right"), **overrides) -> Fuser:
     specs = tuple(
-        CameraSpec(name, slot, f"{name}/image") for name, slot in zip(camera_names, SLOTS, strict=False)
+        CameraSpec(name, slot, f"{name}/image")
+        for name, slot in zip(camera_names, SLOTS, strict=False)
     )
-    cfg = dict(slots=SLOTS, cameras=specs, joint_names=JOINTS, max_skew_s=0.05,
-               stale_after_s=0.5, future_tolerance_s=0.2)
+    cfg = dict(
+        slots=SLOTS,
+        cameras=specs,
+        joint_names=JOINTS,
+        max_skew_s=0.05,
+        stale_after_s=0.5,
+        future_tolerance_s=0.2,
+    )
     cfg.update(overrides)
     return Fuser(FusionConfig(**cfg))
 
@@ -99,7 +106,7 @@ def test_images_within_skew_of_each_other_not_only_of_the_joint() -> None:
     frame, _ = f.fuse(now=1.05)
     used = [s for s, v in zip(frame.image_stamps, frame.valid, strict=True) if v]
     assert len(used) == 1
-    assert max(used + [frame.stamp]) - min(used + [frame.stamp]) <= 0.05 + 1e-9
+    assert max([*used, frame.stamp]) - min([*used, frame.stamp]) <= 0.05 + 1e-9
 
 
 def test_older_joint_snapshot_chosen_when_it_covers_more_cameras() -> None:
@@ -141,11 +148,12 @@ def test_no_frame_when_all_cameras_gone() -> None:
         (["x", "y"], [1.0, 2.0], [], "unknown_names"),
     ],
 )
-def test_bad_joint_states_rejected_without_changing_state(names, positions, velocities,
-                                                          reason) -> None:
+def test_bad_joint_states_rejected_without_changing_state(
+    names, positions, velocities, reason
+) -> None:
     f = make_fuser(camera_names=())
     joints(f, 1.0, now=1.0)
-    with pytest.raises(InputRejected) as info:
+    with pytest.raises(RejectedInputError) as info:
         f.add_joint_state(1.01, names, positions, velocities, now=1.01)
     assert info.value.reason == reason
     frame, _ = f.fuse(now=1.01)
@@ -155,18 +163,18 @@ def test_bad_joint_states_rejected_without_changing_state(names, positions, velo
 
 def test_stamps_in_future_or_out_of_order_rejected() -> None:
     f = make_fuser()
-    with pytest.raises(InputRejected) as info:
+    with pytest.raises(RejectedInputError) as info:
         f.add_image("head", 10.0, "h", now=1.0)
     assert info.value.reason == "future_stamp"
     f.add_image("head", 1.0, "h", now=1.0)
-    with pytest.raises(InputRejected) as info:
+    with pytest.raises(RejectedInputError) as info:
         f.add_image("head", 0.9, "older", now=1.0)
     assert info.value.reason == "out_of_order"
     joints(f, 1.0, now=1.0)
-    with pytest.raises(InputRejected) as info:
+    with pytest.raises(RejectedInputError) as info:
         joints(f, 0.5, now=1.0)
     assert info.value.reason == "out_of_order"
-    with pytest.raises(InputRejected) as info:
+    with pytest.raises(RejectedInputError) as info:
         f.add_image("nope", 1.0, "x", now=1.0)
     assert info.value.reason == "unknown_camera"
 
@@ -183,9 +191,13 @@ def test_history_is_bounded() -> None:
 
 @pytest.mark.parametrize(
     "overrides",
-    [dict(joint_names=()), dict(joint_names=("a", "a")), dict(stale_after_s=0.0),
-     dict(cameras=(CameraSpec("x", "nope", "t"),)),
-     dict(cameras=(CameraSpec("x", "base_0_rgb", "t"), CameraSpec("y", "base_0_rgb", "u")))],
+    [
+        dict(joint_names=()),
+        dict(joint_names=("a", "a")),
+        dict(stale_after_s=0.0),
+        dict(cameras=(CameraSpec("x", "nope", "t"),)),
+        dict(cameras=(CameraSpec("x", "base_0_rgb", "t"), CameraSpec("y", "base_0_rgb", "u"))),
+    ],
 )
 def test_invalid_config_rejected(overrides) -> None:
     with pytest.raises(ValueError):

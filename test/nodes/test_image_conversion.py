@@ -60,15 +60,18 @@ def test_mono8_replicates_gray(padding: int) -> None:
     np.testing.assert_array_equal(out, np.stack([red, red, red], axis=2))
 
 
-@pytest.mark.parametrize("container", [bytes, bytearray, lambda b: array.array("B", b),
-                                       lambda b: np.frombuffer(b, dtype=np.uint8)])
+@pytest.mark.parametrize(
+    "container",
+    [bytes, bytearray, lambda b: array.array("B", b), lambda b: np.frombuffer(b, dtype=np.uint8)],
+)
 def test_accepts_rclpy_and_numpy_buffers_and_never_aliases(container) -> None:
     step, data = hand_made("rgb8", 0)
     buf = container(data)
     out = decode_image(H, W, "rgb8", step, buf)
     np.testing.assert_array_equal(out, expected_rgb())
-    assert out.flags.writeable and out.base is None or not np.shares_memory(
-        out, np.frombuffer(buf, dtype=np.uint8))
+    assert (out.flags.writeable and out.base is None) or not np.shares_memory(
+        out, np.frombuffer(buf, dtype=np.uint8)
+    )
 
 
 @pytest.mark.parametrize("encoding", list(ENCODING_CHANNELS))

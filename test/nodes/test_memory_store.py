@@ -48,8 +48,7 @@ def test_entry_survives_kill_9_right_after_add(tmp_path) -> None:
         "print(r.entry_id, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == -9 and proc.stdout.strip() == "1", proc.stderr
     store = MemoryStore(path)
     assert [r.text for r in store.recent(5)] == ["durable"]

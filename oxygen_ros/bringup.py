@@ -1,0 +1,360 @@
+"""Bring-up without `ros2 launch`: `python -m oxygen_ros.bringup [name:=value ...] [--duration S]`.
+
+Starts the node processes of `oxygen_ros.graph` (the same graph, YAML and argument handling as
+`launch/humanoid.launch.py`; `use_sim` defaults to true here because these machines have no
+robot), then shows a live console view: action rate, frame time, tokens/s, the speech text as it
+streams, and memory entries. Node output goes to one log file per node.
+
+Invariants:
+- Ctrl-C or SIGTERM (or the end of `--duration`) stops every child with SIGINT in reverse start
+  order, kills a child only if it has not exited after `STOP_TIMEOUT_S`, and exits 0.
+- A child that exits on its own ends the bring-up with exit code 1 (after stopping the others)
+  and the tail of its log is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from oxygen_ros import graph
+
+STOP_TIMEOUT_S = 10.0
+REFRESH_S = 0.5
+SPEECH_LINES = 6
+MEMORY_LINES = 5
+
+
+@dataclasses.dataclass
+class Child:
+    """One started node process."""
+
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+
+def parse_args(argv: Sequence[str]) -> tuple[dict[str, str], argparse.Namespace]:
+    """Splits `name:=value` launch arguments from the bring-up's own options."""
+    launch_args = {}
+    rest = []
+    for arg in argv:
+        if ":=" in arg and not arg.startswith("-"):
+            key, value = arg.split(":=", 1)
+            launch_args[key] = value
+        else:
+            rest.append(arg)
+    known = "\n".join(
+        f"  {a.name}:=<{a.default or 'empty'}>  {a.description}" for a in graph.LAUNCH_ARGUMENTS
+    )
+    parser = argparse.ArgumentParser(
+        prog="python -m oxygen_ros.bringup",
+        description="Start the oxygen_ros humanoid graph with a live console view.",
+        epilog=f"launch arguments (name:=value):\n{known}\n(use_sim defaults to true here)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=0.0,
+        help="stop after this many seconds (0: run until Ctrl-C)",
+    )
+    parser.add_argument(
+        "--log-dir",
+        default="",
+        help="directory for the nodes' logs (default: a new temporary one)",
+    )
+    parser.add_argument("--no-view", action="store_true", help="do not show the console view")
+    options = parser.parse_args(rest)
+    launch_args.setdefault("use_sim", "true")
+    return launch_args, options
+
+
+def start_children(nodes: Sequence[graph.ResolvedNode], log_dir: Path) -> list[Child]:
+    children = []
+    for node in nodes:
+        log_path = log_dir / f"{node.spec.name}.log"
+        # -P: never import the source tree's oxygen_ros (no generated msg/) from the cwd.
+        cmd = [sys.executable, "-P", "-m", node.spec.module, "--ros-args", *node.ros_arguments()]
+        with log_path.open("wb") as log_file:
+            popen = subprocess.Popen(
+                cmd,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        children.append(Child(node.spec.name, popen, log_path))
+    return children
+
+
+def stop_children(children: Sequence[Child], out: TextIO) -> None:
+    """SIGINT in reverse start order, then wait; kill what is still running after the timeout."""
+    for child in reversed(children):
+        if child.popen.poll() is None:
+            child.popen.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for child in reversed(children):
+        try:
+            child.popen.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            print(
+                f"[bringup] {child.name} did not stop in {STOP_TIMEOUT_S:g} s; killing it",
+                file=out,
+            )
+            child.popen.kill()
+            child.popen.wait(5)
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def topic_names(params_file: str) -> dict[str, str]:
+    """The inference node's output topics from the YAML (defaults from the declarations)."""
+    import yaml
+
+    from oxygen_ros.nodes.params import INFERENCE
+
+    names = {s.name: s.default for s in INFERENCE if s.name.endswith("_topic")}
+    try:
+        data = yaml.safe_load(Path(params_file).read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return names
+    for section in ("/**", "inference"):
+        values = (data.get(section) or {}).get("ros__parameters") or {}
+        names.update({k: v for k, v in values.items() if k in names and isinstance(v, str)})
+    return names
+
+
+class ConsoleView:
+    """A node that listens to the graph's outputs and renders a text summary."""
+
+    def __init__(self, namespace: str, topics: dict[str, str]) -> None:
+        import rclpy
+        from diagnostic_msgs.msg import DiagnosticArray
+        from rclpy.executors import SingleThreadedExecutor
+        from rclpy.signals import SignalHandlerOptions
+
+        from oxygen_ros.msg import ActionChunk, MemoryEntry, SpeechToken
+        from oxygen_ros.nodes.engine_bridge import RateMeter
+        from oxygen_ros.nodes.runtime import RELIABLE_QOS, SPEECH_QOS, latched_qos
+
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context, signal_handler_options=SignalHandlerOptions.NO)
+        self.node = rclpy.create_node(
+            "oxygen_bringup_view", namespace=namespace or None, context=self.context
+        )
+        self._lock = threading.Lock()
+        self.action_rate = RateMeter(window_s=2.0)
+        self.num_actions = 0
+        self.last_chunk = None
+        self.diagnostics: dict[str, tuple[int, str, dict[str, str]]] = {}
+        self.speech: collections.OrderedDict[str, list] = collections.OrderedDict()
+        self.memory: collections.deque = collections.deque(maxlen=MEMORY_LINES)
+        self.num_memory = 0
+        self.node.create_subscription(
+            ActionChunk, topics["actions_topic"], self._on_action, RELIABLE_QOS
+        )
+        self.node.create_subscription(
+            SpeechToken, topics["speech_topic"], self._on_speech, SPEECH_QOS
+        )
+        self.node.create_subscription(
+            MemoryEntry, topics["memory_topic"], self._on_memory, latched_qos(20)
+        )
+        self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, 10)
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self._thread.start()
+
+    def _spin(self) -> None:
+        from rclpy.executors import ExternalShutdownException
+
+        with contextlib.suppress(ExternalShutdownException):
+            self.executor.spin()
+
+    def _on_action(self, msg) -> None:
+        self.action_rate.add()
+        with self._lock:
+            self.num_actions += 1
+            self.last_chunk = msg
+
+    def _on_speech(self, msg) -> None:
+        with self._lock:
+            entry = self.speech.setdefault(msg.request_id, [msg.kind, "", False, msg.status])
+            entry[1] += msg.text_delta
+            entry[2], entry[3] = msg.final, msg.status
+            if msg.final and msg.error:
+                entry[1] += f" [{msg.error}]"
+            self.speech.move_to_end(msg.request_id)
+            while len(self.speech) > SPEECH_LINES:
+                self.speech.popitem(last=False)
+
+    def _on_memory(self, msg) -> None:
+        with self._lock:
+            self.memory.append((msg.entry_id, msg.kind, msg.text))
+            self.num_memory += 1
+
+    def _on_diagnostics(self, msg) -> None:
+        from oxygen_ros.nodes.conversions import diagnostic_values
+
+        with self._lock:
+            for status in msg.status:
+                if status.name.startswith("oxygen_ros"):
+                    self.diagnostics[status.name.split(": ", 1)[-1]] = (
+                        int.from_bytes(status.level, "little")
+                        if isinstance(status.level, bytes)
+                        else int(status.level),
+                        status.message,
+                        diagnostic_values(status),
+                    )
+
+    def render(self, elapsed: float, children: Sequence[Child]) -> str:
+        with self._lock:
+            diags = dict(self.diagnostics)
+            speech = list(self.speech.items())
+            memory = list(self.memory)
+            num_memory, chunk = self.num_memory, self.last_chunk
+        inf = diags.get("inference", (0, "", {}))[2]
+        per = diags.get("perception", (0, "", {}))[2]
+        running = " ".join(
+            f"{c.name}:{'up' if c.popen.poll() is None else 'EXITED'}" for c in children
+        )
+        level = {0: "OK", 1: "WARN", 2: "ERROR", 3: "STALE"}
+        lines = [
+            f"oxygen_ros bring-up  t={elapsed:6.1f} s   {running}   (Ctrl-C to stop)",
+            f"  actions    {self.action_rate.rate():6.1f} Hz received "
+            f"(target {inf.get('action_rate_target_hz', '?')} Hz)   horizon "
+            f"{chunk.horizon if chunk else '-'} x {len(chunk.joint_names) if chunk else '-'}",
+            f"  engine     {inf.get('engine_state', 'starting')} ({inf.get('model_preset', '?')})"
+            f"   frame time {_fmt(inf.get('frame_time_s'), 's')}   tokens "
+            f"{_fmt(inf.get('tokens_per_s'), '/s')}   requests {inf.get('active_requests', 0)}"
+            f" active, {inf.get('queued_requests', 0)} queued   watchdog "
+            f"{inf.get('watchdog', '-')}",
+            f"  perception {_fmt(per.get('observation_rate_hz'), 'Hz')} frames",
+        ]
+        for name, (lvl, message, _) in sorted(diags.items()):
+            lines.append(f"  status     {name}: {level.get(lvl, lvl)} {message}")
+        lines.append("  speech:")
+        kinds = {0: "subtask", 1: "narration", 2: "memory"}
+        for request_id, (kind, text, final, _) in speech:
+            mark = "done" if final else "...."
+            lines.append(
+                f"    {request_id:<14} {kinds.get(kind, kind):<9} [{mark}] {_clip(text)!r}"
+            )
+        lines.append(f"  memory ({num_memory} received):")
+        for entry_id, kind, text in memory:
+            lines.append(f"    #{entry_id:<5} {kind:<9} {_clip(text)!r}")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        self.executor.shutdown(timeout_sec=2.0)
+        self.node.destroy_node()
+        self.context.try_shutdown()
+        self._thread.join(2.0)
+
+
+def _fmt(value: str | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    try:
+        return f"{float(value):.2f} {unit}"
+    except ValueError:
+        return f"{value} {unit}"
+
+
+def _clip(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _reexec_without_source_tree(argv: Sequence[str]) -> None:
+    """`python -m oxygen_ros.bringup` run from the repository root imports the source tree's
+    oxygen_ros, which lacks the generated messages; start again with -P (install space)."""
+    if importlib.util.find_spec("oxygen_ros.msg") is None and not sys.flags.safe_path:
+        os.execv(sys.executable, [sys.executable, "-P", "-m", "oxygen_ros.bringup", *argv])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _reexec_without_source_tree(argv)
+    launch_args, options = parse_args(argv)
+    try:
+        nodes = graph.resolve(launch_args)
+    except ValueError as exc:
+        print(f"[bringup] {exc}", file=sys.stderr)
+        return 2
+    log_dir = Path(options.log_dir or tempfile.mkdtemp(prefix="oxygen_bringup_"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    out = sys.stdout
+    tty = out.isatty()
+    print(
+        f"[bringup] starting {', '.join(n.spec.name for n in nodes)} with "
+        f"{nodes[0].params_file if nodes else '-'}; logs in {log_dir}",
+        file=out,
+        flush=True,
+    )
+    children = start_children(nodes, log_dir)
+    view = (
+        None
+        if options.no_view
+        else ConsoleView(nodes[0].namespace if nodes else "", topic_names(nodes[0].params_file))
+    )
+    start = time.monotonic()
+    code = 0
+    last_print = 0.0
+    try:
+        while not stop.is_set():
+            elapsed = time.monotonic() - start
+            if options.duration and elapsed >= options.duration:
+                break
+            exited = [c for c in children if c.popen.poll() is not None]
+            if exited:
+                for child in exited:
+                    print(
+                        f"[bringup] {child.name} exited with code {child.popen.returncode};"
+                        f" last lines of {child.log_path}:\n{tail(child.log_path)}",
+                        file=out,
+                        flush=True,
+                    )
+                code = 1
+                break
+            if view is not None and (tty or elapsed - last_print >= 5.0):
+                text = view.render(elapsed, children)
+                print(("\x1b[H\x1b[J" if tty else "") + text, file=out, flush=True)
+                last_print = elapsed
+            stop.wait(REFRESH_S)
+    finally:
+        print("[bringup] stopping nodes", file=out, flush=True)
+        stop_children(children, out)
+        if view is not None:
+            print(view.render(time.monotonic() - start, children), file=out, flush=True)
+            view.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    codes = {c.name: c.popen.returncode for c in children}
+    print(f"[bringup] stopped; exit codes {codes}; logs in {log_dir}", file=out, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

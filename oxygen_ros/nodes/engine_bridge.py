@@ -1,0 +1,196 @@
+"""Node-side bookkeeping around the engine, ROS-free: engine config from parameters, the
+language request queue, and rolling rates for diagnostics.
+
+The engine owns the model, the cache and scheduling; this module only decides *which*
+requests the node hands it (bounded queue, one periodic request of a kind at a time) and keeps
+the ids the node promised to service callers.
+
+Invariants:
+- Request ids are assigned here ("<kind>-<n>", n counting from 1 per node run), so a service
+  reply can name the id before the engine has seen the request; the engine keeps given ids.
+- Requests queued plus in flight never exceed `max_pending`; beyond that `submit` refuses
+  with a reason (never an unbounded queue).
+- Every submitted id ends exactly once: through `finish` (the engine reported it finished)
+  or `abort_queued` / `fail` / `drain` (the node ended it), each returning what it removed.
+- Thread-safe: service callbacks submit, the engine thread takes and finishes.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from oxygen_ros.engine.config import (
+    CacheConfig,
+    EngineConfig,
+    PromptConfig,
+    SchedulerConfig,
+    get_model_config,
+)
+from oxygen_ros.engine.types import LanguageRequest, RequestKind
+
+
+def build_engine_config(values: Mapping[str, Any], num_joints: int) -> EngineConfig:
+    """The engine's frozen config from the inference node's parameter values.
+
+    Raises:
+        ValueError: An unknown preset, more joints than the model's action dimension, or a
+            cache too small for the token budgets (the engine's own checks).
+    """
+    model = get_model_config(values["model_preset"])
+    if num_joints > model.action_dim:
+        raise ValueError(
+            f"{num_joints} joints exceed the model's action dimension {model.action_dim}"
+        )
+    defaults = PromptConfig()
+    prompt = dataclasses.replace(
+        defaults,
+        subtask=dataclasses.replace(defaults.subtask, max_tokens=values["subtask_max_tokens"]),
+        narration=dataclasses.replace(
+            defaults.narration, max_tokens=values["narration_max_tokens"]
+        ),
+        memory=dataclasses.replace(defaults.memory, max_tokens=values["memory_max_tokens"]),
+    )
+    cache = dataclasses.replace(
+        CacheConfig(), num_slots=values["cache_num_slots"], max_seq_len=values["cache_max_seq_len"]
+    )
+    scheduler = SchedulerConfig(
+        mode=values["scheduler_mode"],
+        policy=values["scheduler_policy"],
+        decode_steps_per_frame=values["decode_steps_per_frame"],
+        frame_deadline_s=values["frame_deadline_s"],
+    )
+    return EngineConfig(
+        model=model,
+        prompt=prompt,
+        cache=cache,
+        scheduler=scheduler,
+        checkpoint_dir=values["checkpoint_dir"] or None,
+        assets_id=values["assets_id"] or None,
+        tokenizer_path=values["tokenizer_path"] or None,
+        action_output_dim=num_joints,
+        seed=values["seed"],
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Submitted:
+    """Answer to `LanguageQueue.submit`."""
+
+    accepted: bool
+    request_id: str  # "" when refused
+    reason: str  # "" when accepted
+
+
+class LanguageQueue:
+    """Bounded queue of language requests between the node's callbacks and the engine thread."""
+
+    def __init__(self, max_pending: int) -> None:
+        self.max_pending = max_pending
+        self._lock = threading.Lock()
+        self._queued: collections.OrderedDict[str, LanguageRequest] = collections.OrderedDict()
+        self._in_flight: dict[str, LanguageRequest] = {}
+        self._origin: dict[str, str] = {}
+        self._counts = collections.Counter[RequestKind]()
+
+    def submit(
+        self, kind: RequestKind, max_tokens: int | None = None, origin: str = ""
+    ) -> Submitted:
+        """Queues a request; refuses when `max_pending` requests are queued or in flight."""
+        with self._lock:
+            if len(self._queued) + len(self._in_flight) >= self.max_pending:
+                return Submitted(False, "", f"queue full ({self.max_pending} pending requests)")
+            self._counts[kind] += 1
+            request_id = f"{kind.value}-{self._counts[kind]}"
+            self._queued[request_id] = LanguageRequest(
+                kind=kind, max_tokens=max_tokens, request_id=request_id
+            )
+            self._origin[request_id] = origin or kind.value
+            return Submitted(True, request_id, "")
+
+    def take(self) -> list[LanguageRequest]:
+        """Moves every queued request to in flight and returns them, oldest first."""
+        with self._lock:
+            taken = list(self._queued.values())
+            self._queued.clear()
+            self._in_flight.update((r.request_id, r) for r in taken)
+            return taken
+
+    def finish(self, request_id: str) -> str | None:
+        """Marks a request finished; returns its origin (None if it was not in flight)."""
+        with self._lock:
+            if self._in_flight.pop(request_id, None) is None:
+                return None
+            return self._origin.pop(request_id, None)
+
+    def fail(self, request_ids: list[str]) -> list[str]:
+        """Ends in-flight requests the engine could not run; returns the ids it ended."""
+        return [rid for rid in request_ids if self.finish(rid) is not None]
+
+    def abort_queued(self, kind: RequestKind) -> list[LanguageRequest]:
+        """Removes queued (not yet in flight) requests of `kind` and returns them."""
+        with self._lock:
+            removed = [r for r in self._queued.values() if r.kind == kind]
+            for r in removed:
+                del self._queued[r.request_id]
+                self._origin.pop(r.request_id, None)
+            return removed
+
+    def drain(self) -> list[LanguageRequest]:
+        """Removes every queued and in-flight request (shutdown) and returns them."""
+        with self._lock:
+            drained = [*self._queued.values(), *self._in_flight.values()]
+            self._queued.clear()
+            self._in_flight.clear()
+            self._origin.clear()
+            return drained
+
+    def busy(self, kind: RequestKind) -> bool:
+        """True while a request of `kind` is queued or in flight."""
+        with self._lock:
+            return any(r.kind == kind for r in (*self._queued.values(), *self._in_flight.values()))
+
+    def origin(self, request_id: str) -> str:
+        with self._lock:
+            return self._origin.get(request_id, "")
+
+    @property
+    def num_queued(self) -> int:
+        with self._lock:
+            return len(self._queued)
+
+    @property
+    def num_in_flight(self) -> int:
+        with self._lock:
+            return len(self._in_flight)
+
+    def has_queued(self) -> bool:
+        return self.num_queued > 0
+
+
+class RateMeter:
+    """Events (with an amount) over a sliding window: publish rates, tokens per second."""
+
+    def __init__(self, window_s: float = 2.0) -> None:
+        self.window_s = window_s
+        self._events: collections.deque[tuple[float, float]] = collections.deque()
+        self._lock = threading.Lock()
+        self._start = time.monotonic()
+
+    def add(self, amount: float = 1.0, now: float | None = None) -> None:
+        with self._lock:
+            self._events.append((time.monotonic() if now is None else now, amount))
+
+    def rate(self, now: float | None = None) -> float:
+        """Amount per second over the window (over the time since creation if shorter)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            while self._events and self._events[0][0] < now - self.window_s:
+                self._events.popleft()
+            total = sum(a for _, a in self._events)
+        span = min(self.window_s, max(now - self._start, 1e-6))
+        return total / span

@@ -1,0 +1,269 @@
+"""Perception: configured cameras + joint states -> `ObservationFrame`s at observation_rate_hz.
+
+Thin ROS shell around `fusion.Fuser` (which frame to build) and `image_conversion` (pixels):
+subscriptions validate and hand samples to the fuser; a timer builds, converts and publishes.
+
+Invariants:
+- Bad input never reaches the model and never stops the node: every rejected message is
+  counted by reason (diagnostics `rejected.<reason>`) and logged with a throttled warning.
+- An image is converted (to rgb8 at the model resolution, aspect-preserving with padding) at
+  most once, and only when a frame uses it; frames carry only converted images.
+- Frames follow `Fuser.fuse`: no frame while the joint state or every camera is stale/absent.
+- A sample stamped zero (an unstamped driver) is stamped with its arrival time (counted).
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.node import Node
+from sensor_msgs.msg import Image, JointState
+
+from oxygen_ros.msg import ObservationFrame
+from oxygen_ros.nodes import params as P
+from oxygen_ros.nodes.conversions import diagnostic_status, observation_frame_msg, time_to_seconds
+from oxygen_ros.nodes.fusion import CameraSpec, Fuser, FusionConfig, RejectedInputError
+from oxygen_ros.nodes.image_conversion import ImageConversionError, check_image, to_model_image
+from oxygen_ros.nodes.runtime import OBSERVATION_QOS, SENSOR_QOS, now_s, run_node
+
+THROTTLE_S = 5.0  # at most one warning per call site per this many seconds
+RATE_WINDOW_S = 2.0
+
+
+class PerceptionNode(Node):
+    """Fuses cameras and joint states into observation frames."""
+
+    def __init__(self) -> None:
+        super().__init__("perception")
+        self.params = P.NodeParameters(
+            self,
+            P.SHARED + P.PERCEPTION,
+            dependent=lambda v: [
+                s for c in v["camera_names"] for s in P.camera_specs(c, P.PERCEPTION_CAMERA)
+            ],
+        )
+        p = self.params
+        self._cameras = tuple(
+            CameraSpec(
+                name,
+                p[f"cameras.{name}.slot"],
+                p[f"cameras.{name}.topic"],
+                p[f"cameras.{name}.encoding"],
+            )
+            for name in p["camera_names"]
+        )
+        try:
+            self._fuser = Fuser(self._fusion_config())
+        except ValueError as exc:
+            raise P.ParameterError(str(exc)) from exc
+        self._out_size = (p["image_height"], p["image_width"])
+        self._converted: dict[str, tuple[float, np.ndarray]] = {}  # camera -> (stamp, image)
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._sequence = 0
+        self._publish_times: collections.deque[float] = collections.deque()
+        self._last_skip_reason = ""
+
+        self._frame_pub = self.create_publisher(
+            ObservationFrame, p["observation_topic"], OBSERVATION_QOS
+        )
+        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        for camera in self._cameras:
+            self.create_subscription(
+                Image, camera.topic, lambda msg, c=camera: self._on_image(c, msg), SENSOR_QOS
+            )
+        self.create_subscription(JointState, p["joint_state_topic"], self._on_joints, SENSOR_QOS)
+        self._frame_timer = self.create_timer(1.0 / p["observation_rate_hz"], self._on_frame_tick)
+        self._diag_timer = self.create_timer(self._diag_period(), self._publish_diagnostics)
+        self.params.add_listener(self._on_params)
+        self.get_logger().info(
+            f"fusing {[c.name for c in self._cameras]} + {len(self._fuser.config.joint_names)} "
+            f"joints at {p['observation_rate_hz']:g} Hz -> {self._frame_pub.topic_name}"
+        )
+
+    def _fusion_config(self) -> FusionConfig:
+        p = self.params
+        return FusionConfig(
+            slots=tuple(p["slot_names"]),
+            cameras=self._cameras,
+            joint_names=tuple(p["joint_names"]),
+            max_skew_s=p["max_skew_s"],
+            stale_after_s=p["stale_after_s"],
+            future_tolerance_s=p["future_tolerance_s"],
+        )
+
+    def _diag_period(self) -> float:
+        return self.params["diagnostics_period_s"] or 3600.0
+
+    # ---------------------------------------------------------------- inputs
+    def _stamp(self, header_stamp, now: float) -> float:
+        stamp = time_to_seconds(header_stamp)
+        if stamp == 0.0:
+            self.counters["unstamped"] += 1
+            return now
+        return stamp
+
+    def _reject(self, reason: str, message: str) -> None:
+        self.counters[f"rejected.{reason}"] += 1
+        self.get_logger().warning(f"rejected: {message}", throttle_duration_sec=THROTTLE_S)
+
+    def _on_image(self, camera: CameraSpec, msg: Image) -> None:
+        now = now_s(self)
+        if camera.encoding and msg.encoding != camera.encoding:
+            self._reject(
+                "encoding_mismatch",
+                f"{camera.name}: encoding {msg.encoding!r}, configured {camera.encoding!r}",
+            )
+            return
+        try:
+            check_image(
+                msg.height,
+                msg.width,
+                msg.encoding,
+                msg.step,
+                len(msg.data),
+                max_dim=self.params["max_image_dim"],
+                out_height=self._out_size[0],
+                out_width=self._out_size[1],
+            )
+            self._fuser.add_image(camera.name, self._stamp(msg.header.stamp, now), msg, now)
+        except (ImageConversionError, RejectedInputError) as exc:
+            self._reject(exc.reason, f"{camera.name} image: {exc}")
+            return
+        self.counters[f"images.{camera.name}"] += 1
+
+    def _on_joints(self, msg: JointState) -> None:
+        now = now_s(self)
+        try:
+            unknown = self._fuser.add_joint_state(
+                self._stamp(msg.header.stamp, now),
+                list(msg.name),
+                msg.position,
+                msg.velocity,
+                now,
+            )
+        except RejectedInputError as exc:
+            self._reject(exc.reason, f"joint state: {exc}")
+            return
+        self.counters["joint_states"] += 1
+        if unknown:
+            self.counters["joint_states.unknown_names"] += 1
+            self.get_logger().warning(
+                f"ignoring joints not configured: {unknown[:8]}", throttle_duration_sec=60.0
+            )
+
+    # ---------------------------------------------------------------- frames
+    def _on_frame_tick(self) -> None:
+        now = now_s(self)
+        frame, reason = self._fuser.fuse(now)
+        if frame is None:
+            self.counters[f"skipped.{reason}"] += 1
+            if reason != self._last_skip_reason:
+                self.get_logger().warning(
+                    f"no observation frame: {reason}", throttle_duration_sec=THROTTLE_S
+                )
+            self._last_skip_reason = reason
+            missing = self._fuser.missing_joints()
+            if reason == "no_joint_state" and missing and self.counters["joint_states"]:
+                self.get_logger().warning(
+                    f"joints never received: {missing[:8]}", throttle_duration_sec=THROTTLE_S
+                )
+            return
+        self._last_skip_reason = ""
+        by_slot = {c.slot: c for c in self._cameras}
+        images: list[np.ndarray | None] = []
+        for slot, payload, stamp in zip(
+            frame.slots, frame.payloads, frame.image_stamps, strict=True
+        ):
+            images.append(
+                None if payload is None else self._convert(by_slot[slot], payload, stamp)
+            )
+        msg = observation_frame_msg(
+            frame, images, self._sequence, self.params["frame_id"], *self._out_size
+        )
+        self._frame_pub.publish(msg)
+        self._sequence += 1
+        self.counters["frames"] += 1
+        self._publish_times.append(time.monotonic())
+
+    def _convert(self, camera: CameraSpec, msg: Image, stamp: float) -> np.ndarray | None:
+        cached = self._converted.get(camera.name)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        try:
+            image = to_model_image(
+                msg.height,
+                msg.width,
+                msg.encoding,
+                msg.step,
+                msg.data,
+                *self._out_size,
+                max_dim=self.params["max_image_dim"],
+            )
+        except ImageConversionError as exc:  # checked on arrival; kept for safety
+            self._reject(exc.reason, f"{camera.name} image: {exc}")
+            return None
+        self.counters[f"converted.{camera.name}"] += 1
+        self._converted[camera.name] = (stamp, image)
+        return image
+
+    # ---------------------------------------------------------------- params, diagnostics
+    def _on_params(self, changed: dict) -> None:
+        if "observation_rate_hz" in changed:
+            self._frame_timer.timer_period_ns = int(1e9 / changed["observation_rate_hz"])
+        if {"max_skew_s", "stale_after_s", "future_tolerance_s"} & set(changed):
+            self._fuser.config = self._fusion_config()
+        if "diagnostics_period_s" in changed:
+            self._diag_timer.timer_period_ns = int(1e9 * self._diag_period())
+
+    def frame_rate(self) -> float:
+        now = time.monotonic()
+        while self._publish_times and self._publish_times[0] < now - RATE_WINDOW_S:
+            self._publish_times.popleft()
+        return len(self._publish_times) / RATE_WINDOW_S
+
+    def _publish_diagnostics(self) -> None:
+        if not self.params["diagnostics_period_s"]:
+            return
+        rate = self.frame_rate()
+        target = self.params["observation_rate_hz"]
+        if rate == 0.0:
+            level, message = "ERROR", f"no frames: {self._last_skip_reason or 'starting'}"
+        elif rate < 0.8 * target:
+            level, message = "WARN", f"frame rate {rate:.1f} Hz below {target:g} Hz"
+        else:
+            level, message = "OK", f"{rate:.1f} Hz"
+        values: dict[str, object] = {
+            "observation_rate_hz": rate,
+            "target_rate_hz": target,
+            "sequence": self._sequence,
+        }
+        values.update(sorted(self.counters.items()))
+        array = DiagnosticArray()
+        array.header.stamp = self.get_clock().now().to_msg()
+        array.status = [
+            diagnostic_status(
+                f"oxygen_ros: {self.get_name()}",
+                self.get_fully_qualified_name(),
+                level,
+                message,
+                values,
+            )
+        ]
+        self._diag_pub.publish(array)
+
+    def close(self) -> None:
+        self._frame_timer.cancel()
+        self._diag_timer.cancel()
+
+
+def main(args: Sequence[str] | None = None) -> int:
+    return run_node(PerceptionNode, "perception", args, num_threads=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

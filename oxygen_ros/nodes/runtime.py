@@ -1,0 +1,146 @@
+"""What every node's `main()` shares: init, spin, clean shutdown, exit codes, QoS profiles.
+
+Invariants:
+- SIGINT and SIGTERM end the spin; the node's `close()` then runs while the context is still
+  valid (timers stopped, requests ended, threads joined, files closed) and `main()` returns 0.
+- Invalid start-up parameters end the process with exit code 2 and one fatal log line naming
+  every bad value; any other start-up failure returns 1 with its cause logged.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+
+import rclpy
+from rclpy.executors import (
+    ExternalShutdownException,
+    MultiThreadedExecutor,
+    SingleThreadedExecutor,
+)
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
+from rclpy.logging import get_logger
+from rclpy.node import Node
+from rclpy.qos import (
+    QoSDurabilityPolicy,
+    QoSHistoryPolicy,
+    QoSProfile,
+    QoSReliabilityPolicy,
+    qos_profile_sensor_data,
+)
+from rclpy.signals import SignalHandlerOptions
+
+from oxygen_ros.nodes.params import ParameterError
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_PARAMETERS = 0, 1, 2
+SPIN_POLL_S = 0.1  # a signal ends the spin loop within this time
+
+# Cameras and joint states: best effort, newest few (ROS's sensor-data profile).
+SENSOR_QOS = qos_profile_sensor_data
+# Fused frames: best effort, only the newest matters to the inference node.
+OBSERVATION_QOS = QoSProfile(
+    history=QoSHistoryPolicy.KEEP_LAST,
+    depth=1,
+    reliability=QoSReliabilityPolicy.BEST_EFFORT,
+    durability=QoSDurabilityPolicy.VOLATILE,
+)
+# Commands and streams every message of which matters (actions, speech): reliable.
+RELIABLE_QOS = QoSProfile(
+    history=QoSHistoryPolicy.KEEP_LAST,
+    depth=10,
+    reliability=QoSReliabilityPolicy.RELIABLE,
+    durability=QoSDurabilityPolicy.VOLATILE,
+)
+SPEECH_QOS = QoSProfile(
+    history=QoSHistoryPolicy.KEEP_LAST,
+    depth=100,
+    reliability=QoSReliabilityPolicy.RELIABLE,
+    durability=QoSDurabilityPolicy.VOLATILE,
+)
+# Latched state (the instruction): reliable, transient local, the last value only.
+LATCHED_QOS = QoSProfile(
+    history=QoSHistoryPolicy.KEEP_LAST,
+    depth=1,
+    reliability=QoSReliabilityPolicy.RELIABLE,
+    durability=QoSDurabilityPolicy.TRANSIENT_LOCAL,
+)
+
+
+def latched_qos(depth: int) -> QoSProfile:
+    """Reliable + transient local keeping the last `depth` messages (memory entries)."""
+    return QoSProfile(
+        history=QoSHistoryPolicy.KEEP_LAST,
+        depth=depth,
+        reliability=QoSReliabilityPolicy.RELIABLE,
+        durability=QoSDurabilityPolicy.TRANSIENT_LOCAL,
+    )
+
+
+def run_node(
+    factory: Callable[[], Node],
+    name: str,
+    args: Sequence[str] | None = None,
+    num_threads: int = 2,
+) -> int:
+    """Creates the node, spins it until SIGINT/SIGTERM or shutdown, closes it.
+
+    rclpy's own signal handlers are not installed: they shut the context down at once, after
+    which `close()` could no longer publish (final speech messages, for example). Instead a
+    signal sets a flag, the spin loop ends within `SPIN_POLL_S`, `close()` runs with the
+    context still valid, and only then is the context shut down.
+
+    Returns:
+        The exit code: 0 after a signal or an external shutdown.
+    """
+    rclpy.init(
+        args=list(args) if args is not None else sys.argv,
+        signal_handler_options=SignalHandlerOptions.NO,
+    )
+    stop = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    node: Node | None = None
+    try:
+        try:
+            node = factory()
+        except ParameterError as exc:
+            get_logger(name).fatal(f"invalid parameters: {exc}")
+            return EXIT_BAD_PARAMETERS
+        except (ValueError, OSError) as exc:
+            get_logger(name).fatal(f"cannot start: {type(exc).__name__}: {exc}")
+            return EXIT_FAILURE
+        executor = (
+            MultiThreadedExecutor(num_threads=num_threads)
+            if num_threads > 1
+            else SingleThreadedExecutor()
+        )
+        executor.add_node(node)
+        try:
+            while not stop.is_set() and rclpy.ok():
+                executor.spin_once(timeout_sec=SPIN_POLL_S)
+        except ExternalShutdownException:
+            pass
+        except _rclpy.RCLError:
+            if rclpy.ok():
+                raise
+        if stop.is_set():
+            node.get_logger().info("signal received, shutting down")
+        close = getattr(node, "close", None)
+        if close is not None:
+            close()
+        executor.shutdown(timeout_sec=2.0)
+    finally:
+        if node is not None:
+            node.destroy_node()
+        rclpy.try_shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return EXIT_OK
+
+
+def now_s(node: Node) -> float:
+    """The node clock in float seconds (ROS time; sim time when use_sim_time is set)."""
+    return node.get_clock().now().nanoseconds * 1e-9

@@ -1,0 +1,121 @@
+"""openpi-layout checkpoints: round trip through orbax + norm stats, and clear errors."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from engine_factories import TINY, make_engine_config, make_observation
+from flax import nnx
+from openpi.shared import normalize
+
+from oxygen_ros.engine.checkpoint import (
+    CheckpointError,
+    Normalizer,
+    load_norm_stats,
+    load_params,
+)
+from oxygen_ros.engine.config import NormConfig
+from oxygen_ros.engine.engine import Engine
+
+ROBOT_DIM = 7
+ASSETS_ID = "test_robot"
+
+
+def _norm_stats() -> dict[str, normalize.NormStats]:
+    rng = np.random.default_rng(0)
+
+    def stats(dim: int) -> normalize.NormStats:
+        q01 = rng.uniform(-2.0, -0.5, dim).astype(np.float32)
+        q99 = rng.uniform(0.5, 2.0, dim).astype(np.float32)
+        return normalize.NormStats(mean=(q01 + q99) / 2, std=(q99 - q01) / 4, q01=q01, q99=q99)
+
+    return {"state": stats(8), "actions": stats(ROBOT_DIM)}
+
+
+def _write_checkpoint(root: pathlib.Path, params: dict, norm_stats=None) -> pathlib.Path:
+    """openpi layout: <root>/params (orbax {"params": tree}), assets/<id>/norm_stats.json."""
+    with ocp.PyTreeCheckpointer() as checkpointer:
+        checkpointer.save(root / "params", {"params": params})
+    if norm_stats is not None:
+        normalize.save(root / "assets" / ASSETS_ID, norm_stats)
+    return root
+
+
+@pytest.fixture(scope="module")
+def pure_params(tiny_model) -> dict:
+    return nnx.to_pure_dict(nnx.state(tiny_model))
+
+
+def test_checkpoint_round_trip_gives_in_memory_actions(tiny_model, pure_params, tmp_path) -> None:
+    root = _write_checkpoint(tmp_path / "ckpt", pure_params, _norm_stats())
+    config = make_engine_config(checkpoint_dir=str(root), assets_id=ASSETS_ID)
+    loaded = Engine(config)
+    # Same stats as parsed from the JSON (floats come back as float64).
+    stats = load_norm_stats(root, ASSETS_ID)
+    np.testing.assert_allclose(stats["actions"].q99, _norm_stats()["actions"].q99, rtol=1e-7)
+    in_memory = Engine(make_engine_config(), model=tiny_model, norm_stats=stats)
+    observation = make_observation(8)
+    noise = in_memory.make_noise(0)
+    got = loaded.step(observation, noise=noise).actions.actions
+    expected = in_memory.step(observation, noise=noise).actions.actions
+    np.testing.assert_array_equal(got, expected)
+    assert got.shape == (TINY.action_horizon, ROBOT_DIM)  # cut to the stats' action dim
+    raw = Engine(make_engine_config(), model=tiny_model).step(observation, noise=noise)
+    assert np.abs(raw.actions.actions[:, :ROBOT_DIM] - got).max() > 1e-3  # stats were applied
+
+
+def test_missing_checkpoint_dir_and_params_are_named(tmp_path) -> None:
+    missing = tmp_path / "nowhere"
+    with pytest.raises(FileNotFoundError, match=f"checkpoint directory does not exist: {missing}"):
+        load_params(missing, TINY)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"no orbax params directory: .*empty/params"):
+        load_params(tmp_path / "empty", TINY)
+    with pytest.raises(
+        FileNotFoundError, match=r"norm stats not found: .*empty/assets/x/norm_stats\.json"
+    ):
+        load_norm_stats(tmp_path / "empty", "x")
+
+
+def test_mismatched_tree_names_every_problem(pure_params, tmp_path) -> None:
+    params = {k: v for k, v in pure_params.items() if k != "action_out_proj"}
+    params["time_mlp_in"] = {
+        **pure_params["time_mlp_in"],
+        "kernel": np.zeros((64, 65), np.float32),
+    }
+    params["state_proj"] = {"kernel": np.zeros((32, 64), np.float32)}  # a pi0 (not pi0.5) param
+    root = _write_checkpoint(tmp_path / "bad", params)
+    with pytest.raises(CheckpointError) as error:
+        load_params(root, TINY)
+    message = str(error.value)
+    assert "missing: action_out_proj/bias (32,)" in message
+    assert "missing: action_out_proj/kernel (64, 32)" in message
+    assert "shape: time_mlp_in/kernel expected (64, 64), got (64, 65)" in message
+    assert "unexpected: state_proj/kernel (32, 64)" in message
+    assert str(root / "params") in message
+
+
+def test_quantile_normalizer_uses_openpi_formulas() -> None:
+    stats = _norm_stats()
+    normalizer = Normalizer(stats, NormConfig(use_quantiles=True))
+    q01, q99 = stats["state"].q01, stats["state"].q99
+    np.testing.assert_allclose(normalizer.normalize_state(q01), -1.0, atol=1e-5)
+    np.testing.assert_allclose(normalizer.normalize_state(q99), 1.0, atol=1e-5)
+    model_actions = np.linspace(-1.0, 1.0, 3 * 32, dtype=np.float32).reshape(3, 32)
+    out = normalizer.unnormalize_actions(model_actions)
+    a01, a99 = stats["actions"].q01, stats["actions"].q99
+    np.testing.assert_allclose(
+        out[:, :ROBOT_DIM],
+        (model_actions[:, :ROBOT_DIM] + 1) / 2 * (a99 - a01 + 1e-6) + a01,
+        rtol=1e-6,
+    )
+    np.testing.assert_array_equal(out[:, ROBOT_DIM:], model_actions[:, ROBOT_DIM:])
+    zscore = Normalizer(stats, NormConfig(use_quantiles=False))
+    np.testing.assert_allclose(zscore.normalize_state(stats["state"].mean), 0.0, atol=1e-6)
+    identity = Normalizer(None, NormConfig())
+    np.testing.assert_array_equal(identity.unnormalize_actions(model_actions), model_actions)
+    with pytest.raises(CheckpointError, match="need 'state' and 'actions'"):
+        Normalizer({"state": stats["state"]}, NormConfig())

@@ -1,0 +1,322 @@
+"""The humanoid graph as real processes over DDS (sim sensors -> perception -> inference, tiny
+preset): 70 Hz actions under language load, speech streams, memory (late joiner, restart),
+runtime parameters.
+
+One graph is started per module (the engine's start-up dominates the run time) and the
+inference node is restarted once, by the last test. JAX's persistent compilation cache is on
+for these processes so the restart does not recompile.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from harness import ProcessLauncher, SpinningNode, wait_for
+from rcl_interfaces.srv import GetParameters, SetParameters
+from rclpy.parameter import Parameter
+from std_msgs.msg import String
+
+from oxygen_ros.msg import ActionChunk, MemoryEntry, SpeechToken
+from oxygen_ros.nodes.conversions import action_chunk_rows, time_to_seconds
+from oxygen_ros.nodes.runtime import LATCHED_QOS, RELIABLE_QOS, SPEECH_QOS, latched_qos
+from oxygen_ros.srv import QueryMemory, RequestLanguage
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+PARAMS = ROOT / "config" / "humanoid.yaml"
+JOINTS = yaml.safe_load(PARAMS.read_text())["/**"]["ros__parameters"]["joint_names"]
+ENGINE_START_TIMEOUT_S = 240.0  # JAX import + model init + first compiles on 2 busy cores
+RATE_WINDOW_S = 6.0
+
+
+def inference_args(db_path: Path) -> list[str]:
+    return [
+        "--params-file",
+        str(PARAMS),
+        "-r",
+        "__node:=inference",
+        "-p",
+        f"inference:memory_db_path:={db_path}",
+        "-p",
+        "inference:narration_period_s:=1.0",
+        "-p",
+        "inference:memory_period_s:=2.0",
+        "-p",
+        "inference:diagnostics_period_s:=0.5",
+    ]
+
+
+class Graph:
+    """The running processes, the test's spinning node and what it collected."""
+
+    def __init__(self, launcher: ProcessLauncher, view: SpinningNode, db_path: Path) -> None:
+        self.launcher = launcher
+        self.view = view
+        self.db_path = db_path
+        node = view.node
+        self.actions: list[tuple[float, ActionChunk]] = []
+        self.speech: list[tuple[float, SpeechToken]] = []
+        self.memory: list[MemoryEntry] = []
+        node.create_subscription(
+            ActionChunk,
+            "oxygen/actions",
+            lambda m: self.actions.append((self.now(), m)),
+            RELIABLE_QOS,
+        )
+        node.create_subscription(
+            SpeechToken, "oxygen/speech", lambda m: self.speech.append((self.now(), m)), SPEECH_QOS
+        )
+        node.create_subscription(MemoryEntry, "oxygen/memory", self.memory.append, latched_qos(20))
+        self.instruction_pub = node.create_publisher(String, "oxygen/instruction", LATCHED_QOS)
+        self.request_client = node.create_client(RequestLanguage, "oxygen/request_language")
+        self.query_client = node.create_client(QueryMemory, "oxygen/query_memory")
+        self.set_client = node.create_client(SetParameters, "/inference/set_parameters")
+        self.get_client = node.create_client(GetParameters, "/inference/get_parameters")
+        self.processes = {}
+
+    def now(self) -> float:
+        return self.view.node.get_clock().now().nanoseconds * 1e-9
+
+    def start(self, name: str, module: str, ros_args: list[str]):
+        self.processes[name] = self.launcher.start(module, ros_args=ros_args, name=name)
+        return self.processes[name]
+
+    def start_inference(self):
+        return self.start(
+            "inference", "oxygen_ros.nodes.inference_node", inference_args(self.db_path)
+        )
+
+    def wait_for_actions(self, timeout_s: float = ENGINE_START_TIMEOUT_S) -> None:
+        count = len(self.actions)
+        proc = self.processes["inference"]
+        wait_for(
+            lambda: len(self.actions) > count + 5 or not proc.alive(),
+            timeout_s,
+            "action chunks from the inference node",
+            poll_s=0.2,
+        )
+        assert proc.alive(), proc.log()[-3000:]
+
+    def call(self, client, request, timeout_s: float = 15.0):
+        wait_for(lambda: client.service_is_ready(), timeout_s, f"service {client.srv_name}")
+        future = client.call_async(request)
+        wait_for(future.done, timeout_s, f"reply from {client.srv_name}")
+        return future.result()
+
+    def set_param(self, name: str, value) -> object:
+        request = SetParameters.Request(
+            parameters=[Parameter(name, value=value).to_parameter_msg()]
+        )
+        return self.call(self.set_client, request).results[0]
+
+    def speech_of(self, request_id: str) -> list[SpeechToken]:
+        return [m for _, m in self.speech if m.request_id == request_id]
+
+    def finished(self, request_id: str) -> bool:
+        return any(m.final for m in self.speech_of(request_id))
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("graph")
+    env = dict(os.environ)  # conftest put this run's domain id and LOCALHOST discovery here
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(workdir / "jax_cache"))
+    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    launcher = ProcessLauncher(env=env, workdir=workdir)
+    view = SpinningNode("test_nodes_graph")
+    g = Graph(launcher, view, workdir / "memory.sqlite3")
+    try:
+        g.start(
+            "sim_sensors",
+            "oxygen_ros.nodes.sim_sensors_node",
+            ["--params-file", str(PARAMS), "-r", "__node:=sim_sensors"],
+        )
+        g.start(
+            "perception",
+            "oxygen_ros.nodes.perception_node",
+            ["--params-file", str(PARAMS), "-r", "__node:=perception"],
+        )
+        g.start_inference()
+        g.wait_for_actions()
+        yield g
+    finally:
+        launcher.stop_all()
+        view.close()
+
+
+def test_actions_at_70hz_under_language_load(graph) -> None:
+    graph.instruction_pub.publish(String(data="pick up the red cup and place it in the bowl"))
+    start = graph.now()
+    speech_before = len(graph.speech)
+    wait_for(
+        lambda: graph.actions[-1][0] - start >= RATE_WINDOW_S,
+        RATE_WINDOW_S + 10,
+        f"{RATE_WINDOW_S} s of actions",
+        poll_s=0.1,
+    )
+    window = [(t, m) for t, m in graph.actions if t >= start]
+    times = np.array([t for t, _ in window])
+    rate = (len(times) - 1) / (times[-1] - times[0])
+    periods_ms = np.diff(times) * 1e3
+    finals = [m for t, m in graph.speech[speech_before:] if m.final and t <= times[-1]]
+    kinds = {m.kind for m in finals}
+    # Language really was running during the window: narrations and memories finished.
+    assert {SpeechToken.KIND_NARRATION, SpeechToken.KIND_MEMORY} <= kinds, kinds
+    assert abs(rate - 70.0) <= 0.02 * 70.0, (
+        f"rate {rate:.2f} Hz, period p50 {np.percentile(periods_ms, 50):.1f} ms, "
+        f"p99 {np.percentile(periods_ms, 99):.1f} ms, max {periods_ms.max():.1f} ms"
+    )
+    sequences = [m.sequence for _, m in window]
+    assert sequences == list(range(sequences[0], sequences[0] + len(sequences)))  # reliable
+    for received, msg in window:
+        assert list(msg.joint_names) == JOINTS
+        assert msg.horizon >= 1 and len(msg.actions) == msg.horizon * len(JOINTS)
+        assert action_chunk_rows(msg).shape == (msg.horizon, len(JOINTS))
+        # First row not older than the publish time (publish <= receive; DDS takes < 5 ms).
+        assert time_to_seconds(msg.header.stamp) >= received - 0.005, (
+            time_to_seconds(msg.header.stamp) - received
+        )
+        assert time_to_seconds(msg.header.stamp) < received + msg.dt
+        assert time_to_seconds(msg.observation_stamp) <= time_to_seconds(msg.header.stamp)
+
+
+def check_stream(graph, request_id: str) -> None:
+    """Index order without gaps, one final message last, final text == concatenated deltas."""
+    messages = graph.speech_of(request_id)
+    index = 0
+    for msg in messages:
+        assert msg.token_index == index, f"{request_id}: gap or reorder at token {index}"
+        index += len(msg.token_ids)
+    assert [m.final for m in messages] == [False] * (len(messages) - 1) + [True]
+    final = messages[-1]
+    assert final.status in (SpeechToken.STATUS_STOPPED, SpeechToken.STATUS_LENGTH), final
+    assert final.text == "".join(m.text_delta for m in messages)
+
+
+def overlapped(graph, first: str, second: str) -> bool:
+    """Both decoded in one shared frame, or their messages interleave in the stream."""
+    stamps = [
+        {time_to_seconds(m.header.stamp) for m in graph.speech_of(r)} for r in (first, second)
+    ]
+    a, b = (
+        [i for i, (_, m) in enumerate(graph.speech) if m.request_id == r] for r in (first, second)
+    )
+    return bool(stamps[0] & stamps[1]) or (a[0] < b[-1] and b[0] < a[-1])
+
+
+def subtask_ids(graph) -> set[str]:
+    return {m.request_id for _, m in graph.speech if m.kind == SpeechToken.KIND_SUBTASK}
+
+
+def test_speech_streams_in_order_and_overlapping_requests_interleave(graph) -> None:
+    pairs = []
+    for attempt in range(4):  # overlap needs both queued before the engine's next frame
+        known = subtask_ids(graph)
+        future = graph.request_client.call_async(
+            RequestLanguage.Request(kind=RequestLanguage.Request.KIND_NARRATION)
+        )
+        graph.instruction_pub.publish(String(data=f"open drawer number {attempt}"))
+        wait_for(future.done, 15, "RequestLanguage reply")
+        assert future.result().accepted, future.result().reason
+        narration = future.result().request_id
+        wait_for(lambda k=known: subtask_ids(graph) - k, 60, "the new instruction's subtask")
+        (subtask,) = subtask_ids(graph) - known
+        wait_for(
+            lambda n=narration, s=subtask: graph.finished(n) and graph.finished(s),
+            60,
+            f"{narration} and {subtask} to finish",
+        )
+        check_stream(graph, narration)
+        check_stream(graph, subtask)
+        pairs.append((narration, subtask))
+        if overlapped(graph, narration, subtask):
+            break
+    assert overlapped(graph, *pairs[-1]), f"no overlapping pair in {pairs}"
+
+
+def test_memory_entries_latched_for_late_joiners_and_queryable(graph) -> None:
+    wait_for(lambda: len(graph.memory) >= 2, 30, "two memory entries")
+    reply = graph.call(
+        graph.request_client,
+        RequestLanguage.Request(kind=RequestLanguage.Request.KIND_MEMORY, max_tokens=8),
+    )
+    assert reply.accepted, reply.reason
+    wait_for(
+        lambda: any(e.request_id == reply.request_id for e in graph.memory),
+        60,
+        "on-demand memory entry",
+    )
+    on_demand = next(e for e in graph.memory if e.request_id == reply.request_id)
+    assert on_demand.kind == "on_demand"
+    ids = [e.entry_id for e in graph.memory]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    # A subscriber joining now receives the recent entries (transient local).
+    late: list[MemoryEntry] = []
+    graph.view.node.create_subscription(MemoryEntry, "oxygen/memory", late.append, latched_qos(20))
+    wait_for(
+        lambda: on_demand.entry_id in {e.entry_id for e in late},
+        15,
+        "late joiner to receive recent entries",
+    )
+    # Committed to SQLite before publishing.
+    with sqlite3.connect(graph.db_path) as conn:
+        stored = {r[0] for r in conn.execute("SELECT entry_id FROM memory")}
+    assert {e.entry_id for e in late} <= stored
+    result = graph.call(graph.query_client, QueryMemory.Request(max_entries=3))
+    got = [e.entry_id for e in result.entries]
+    assert len(got) == 3 and got == sorted(got, reverse=True) and got[0] == max(stored)
+
+
+def test_runtime_action_rate_change_measured_and_invalid_refused(graph) -> None:
+    result = graph.set_param("action_rate_hz", 50.0)
+    assert result.successful, result.reason
+    changed = graph.now()
+    wait_for(lambda: graph.actions[-1][0] - changed >= 3.5, 15, "3.5 s of actions at 50 Hz")
+    times = np.array([t for t, _ in graph.actions if t >= changed + 0.5])
+    rate = (len(times) - 1) / (times[-1] - times[0])
+    assert abs(rate - 50.0) <= 0.03 * 50.0, rate
+    for bad in (0.0, -5.0, 5000.0, "fast"):
+        result = graph.set_param("action_rate_hz", bad)
+        assert not result.successful and "action_rate_hz" in result.reason, result
+    reply = graph.call(graph.get_client, GetParameters.Request(names=["action_rate_hz"]))
+    assert reply.values[0].double_value == 50.0  # the old value is kept
+    result = graph.set_param("model_preset", "pi05")
+    assert not result.successful and "read-only" in result.reason
+    assert graph.set_param("action_rate_hz", 70.0).successful
+
+
+def test_restart_keeps_memory_and_ids_continue(graph) -> None:
+    wait_for(lambda: len(graph.memory) >= 1, 30, "a memory entry before the restart")
+    proc = graph.processes["inference"]
+    started = time.monotonic()
+    assert proc.stop(timeout_s=20.0) == 0, proc.log()[-3000:]
+    stop_s = time.monotonic() - started
+    assert stop_s < 10.0, stop_s
+    with sqlite3.connect(graph.db_path) as conn:
+        last_id = conn.execute("SELECT MAX(entry_id) FROM memory").fetchone()[0]
+    published = max(e.entry_id for e in graph.memory)
+    assert last_id >= published  # nothing published was lost
+    late: list[MemoryEntry] = []
+    graph.view.node.create_subscription(MemoryEntry, "oxygen/memory", late.append, latched_qos(20))
+    graph.start_inference()
+    wait_for(
+        lambda: last_id in {e.entry_id for e in late},
+        120,
+        "restarted node to republish stored entries",
+        poll_s=0.2,
+    )
+    wait_for(
+        lambda: max(e.entry_id for e in late) > last_id,
+        ENGINE_START_TIMEOUT_S,
+        "a new memory entry after the restart",
+        poll_s=0.2,
+    )
+    new = [e.entry_id for e in late if e.entry_id > last_id]
+    assert min(new) == last_id + 1  # ids continue

@@ -1,0 +1,220 @@
+"""perception_node as a real process over DDS: the test publishes cameras (every encoding, row
+padding) and joint states, and checks the fused ObservationFrames, staleness and bad input."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from diagnostic_msgs.msg import DiagnosticArray
+from harness import wait_for
+from sensor_msgs.msg import Image, JointState
+
+from oxygen_ros.msg import ObservationFrame
+from oxygen_ros.nodes.conversions import diagnostic_values, image_msg_to_rgb
+from oxygen_ros.nodes.image_conversion import encode_image
+from oxygen_ros.nodes.runtime import OBSERVATION_QOS, SENSOR_QOS
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+PARAMS = ROOT / "config" / "humanoid.yaml"
+JOINTS = ["j0", "j1", "j2", "j3"]
+CAMERAS = {  # name: (topic, slot, encoding, width, height, row padding, colour)
+    "head": ("t_head/image", "base_0_rgb", "rgba8", 400, 300, 16, (255, 0, 0)),
+    "left_wrist": ("t_left/image", "left_wrist_0_rgb", "bgr8", 320, 240, 3, (0, 255, 0)),
+    "right_wrist": ("t_right/image", "right_wrist_0_rgb", "mono8", 200, 300, 5, (90, 90, 90)),
+}
+OVERRIDES = (
+    f"""
+/**:
+  ros__parameters:
+    joint_names: {JOINTS}
+    camera_names: {list(CAMERAS)}
+    joint_state_topic: t_joints
+    observation_topic: t_observation
+    diagnostics_period_s: 0.2
+    cameras:
+"""
+    + "".join(
+        f"""      {name}:
+        topic: {topic}
+        slot: {slot}
+        encoding: ""
+"""
+        for name, (topic, slot, *_rest) in CAMERAS.items()
+    )
+    + """
+perception:
+  ros__parameters:
+    observation_rate_hz: 30.0
+    stale_after_s: 0.4
+    max_skew_s: 0.06
+"""
+)
+
+
+class FakeSensors:
+    """Publishes the cameras and joint states from the test process at 30 Hz."""
+
+    def __init__(self, ros_node) -> None:
+        node = ros_node.node
+        self.node = node
+        self.enabled = {name: True for name in CAMERAS}
+        self.bad_image: Image | None = None
+        self.nan_joints = False
+        self.image_pubs = {
+            name: node.create_publisher(Image, spec[0], SENSOR_QOS)
+            for name, spec in CAMERAS.items()
+        }
+        self.joint_pub = node.create_publisher(JointState, "t_joints", SENSOR_QOS)
+        self.buffers = {}
+        for name, (_t, _s, encoding, width, height, padding, colour) in CAMERAS.items():
+            rgb = np.zeros((height, width, 3), dtype=np.uint8)
+            rgb[:] = colour
+            self.buffers[name] = encode_image(rgb, encoding, row_padding=padding)
+        self.timer = node.create_timer(1 / 30, self.tick)
+
+    def tick(self) -> None:
+        stamp = self.node.get_clock().now().to_msg()
+        for name, (_t, _s, encoding, width, height, _p, _c) in CAMERAS.items():
+            if not self.enabled[name]:
+                continue
+            step, data = self.buffers[name]
+            msg = Image(height=height, width=width, encoding=encoding, step=step, data=data)
+            msg.header.stamp = stamp
+            self.image_pubs[name].publish(msg)
+        if self.bad_image is not None:
+            self.bad_image.header.stamp = stamp
+            self.image_pubs["head"].publish(self.bad_image)
+        joints = JointState()
+        joints.header.stamp = stamp
+        joints.name = JOINTS[::-1]
+        joints.position = [float("nan") if self.nan_joints else 3.0, 2.0, 1.0, 0.0]
+        self.joint_pub.publish(joints)
+
+
+@pytest.fixture
+def perception(launcher, ros_node, tmp_path):
+    override = tmp_path / "override.yaml"
+    override.write_text(OVERRIDES)
+    proc = launcher.start(
+        "oxygen_ros.nodes.perception_node",
+        ros_args=[
+            "--params-file",
+            str(PARAMS),
+            "--params-file",
+            str(override),
+            "-r",
+            "__node:=perception",
+        ],
+    )
+    frames = ros_node.collect(ObservationFrame, "t_observation", OBSERVATION_QOS)
+    diags = ros_node.collect(DiagnosticArray, "/diagnostics", 10)
+    sensors = FakeSensors(ros_node)
+    wait_for(lambda: len(frames) >= 3 or not proc.alive(), 30, "first observation frames")
+    assert proc.alive(), proc.log()
+    yield proc, frames, diags, sensors
+    sensors.timer.cancel()
+    ros_node.node.destroy_timer(sensors.timer)
+
+
+def latest_counters(diags) -> dict:
+    for array in reversed(diags):
+        for status in array.status:
+            if status.name == "oxygen_ros: perception":
+                return diagnostic_values(status)
+    return {}
+
+
+def test_frames_fuse_every_encoding_at_model_resolution(perception) -> None:
+    proc, frames, _diags, _sensors = perception
+    start = len(frames)
+    wait_for(lambda: len(frames) >= start + 30, 10, "30 more frames")
+    frame = frames[-1]
+    assert list(frame.image_names) == ["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"]
+    assert list(frame.image_valid) == [True, True, True]
+    assert list(frame.joint_names) == JOINTS
+    np.testing.assert_array_equal(frame.joint_positions, [0.0, 1.0, 2.0, 3.0])  # reordered
+    assert frame.max_skew <= 0.06
+    for image, (_t, _s, _e, width, height, _p, colour) in zip(
+        frame.images, CAMERAS.values(), strict=True
+    ):
+        rgb = image_msg_to_rgb(image)
+        assert rgb.shape == (224, 224, 3)
+        assert np.all(rgb[112, 112] == colour)  # decoded colour, channel order right
+        if width > height:  # landscape: zero rows on top; portrait: zero columns left
+            assert np.all(rgb[0, :] == 0)
+        else:
+            assert np.all(rgb[:, 0] == 0)
+    sequences = [f.sequence for f in frames[start:]]
+    assert sequences == sorted(sequences)
+    assert proc.alive()
+
+
+def test_observation_rate_close_to_configured(perception) -> None:
+    """Measured from the frames' sequence numbers and stamps: the node's publish rate, not what
+    a busy best-effort test subscriber happens to keep (the topic keeps only the newest)."""
+    _proc, frames, diags, _sensors = perception
+    first = frames[-1]
+    wait_for(lambda: stamp_s(frames[-1]) - stamp_s(first) >= 3.0, 10, "3 s of frames")
+    last = frames[-1]
+    rate = (last.sequence - first.sequence) / (stamp_s(last) - stamp_s(first))
+    assert 27.0 <= rate <= 33.0, (rate, latest_counters(diags))
+
+
+def stamp_s(frame: ObservationFrame) -> float:
+    return frame.header.stamp.sec + frame.header.stamp.nanosec * 1e-9
+
+
+def test_stale_camera_masked_then_restored(perception) -> None:
+    proc, frames, _diags, sensors = perception
+    sensors.enabled["left_wrist"] = False
+    wait_for(
+        lambda: list(frames[-1].image_valid) == [True, False, True],
+        5,
+        "left wrist masked after stale_after_s",
+    )
+    assert np.all(image_msg_to_rgb(frames[-1].images[1]) == 0)
+    sensors.enabled["left_wrist"] = True
+    wait_for(lambda: list(frames[-1].image_valid) == [True, True, True], 5, "left wrist back")
+    assert proc.alive()
+
+
+def test_bad_input_counted_never_fatal(perception) -> None:
+    proc, frames, diags, sensors = perception
+    bad = Image(height=10, width=10, encoding="yuv422", step=20, data=bytes(200))
+    sensors.bad_image = bad
+    wait_for(
+        lambda: int(latest_counters(diags).get("rejected.encoding", 0)) > 0,
+        5,
+        "unknown encoding counted",
+    )
+    sensors.bad_image = Image(height=10, width=10, encoding="rgb8", step=29, data=bytes(290))
+    wait_for(
+        lambda: int(latest_counters(diags).get("rejected.step", 0)) > 0, 5, "short step counted"
+    )
+    sensors.bad_image = Image(height=10, width=10, encoding="rgb8", step=30, data=bytes(17))
+    wait_for(
+        lambda: int(latest_counters(diags).get("rejected.data_length", 0)) > 0,
+        5,
+        "short buffer counted",
+    )
+    sensors.bad_image = None
+    sensors.nan_joints = True
+    wait_for(
+        lambda: int(latest_counters(diags).get("rejected.non_finite", 0)) > 0,
+        5,
+        "NaN joint state counted",
+    )
+    sensors.nan_joints = False
+    count = len(frames)
+    wait_for(lambda: len(frames) >= count + 10, 5, "frames continue after bad input")
+    assert proc.alive(), proc.log()
+    assert "rejected" in proc.log()  # throttled warning logged
+
+
+def test_sigterm_exits_zero(perception) -> None:
+    proc, *_ = perception
+    import signal
+
+    assert proc.stop(signal.SIGTERM, timeout_s=10) == 0, proc.log()

@@ -1,0 +1,166 @@
+"""Parameter specs: conversion, checks, and config/humanoid.yaml matching the declarations."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from oxygen_ros.nodes import params as P
+from oxygen_ros.nodes.engine_bridge import build_engine_config
+
+YAML_PATH = Path(__file__).resolve().parents[2] / "config" / "humanoid.yaml"
+NODE_SPECS = {
+    "sim_sensors": (P.SHARED + P.SIM_SENSORS, P.SIM_CAMERA),
+    "perception": (P.SHARED + P.PERCEPTION, P.PERCEPTION_CAMERA),
+    "inference": (P.SHARED + P.INFERENCE, ()),
+}
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def yaml_values(node: str) -> dict:
+    data = yaml.safe_load(YAML_PATH.read_text())
+    values = flatten(data["/**"]["ros__parameters"])
+    values.update(flatten(data.get(node, {}).get("ros__parameters", {})))
+    return values
+
+
+def declared(node: str, values: dict) -> dict[str, P.ParamSpec]:
+    specs, camera = NODE_SPECS[node]
+    out = {s.name: s for s in specs}
+    for name in values.get("camera_names", []):
+        out.update({s.name: s for s in P.camera_specs(name, camera)})
+    return out
+
+
+@pytest.mark.parametrize("node", list(NODE_SPECS))
+def test_yaml_sets_every_declared_parameter_with_a_valid_value(node: str) -> None:
+    values = yaml_values(node)
+    specs = declared(node, values)
+    missing = sorted(set(specs) - set(values))
+    assert not missing, f"{node}: declared but not in humanoid.yaml: {missing}"
+    for name, spec in specs.items():
+        value = None if values[name] == [] else values[name]  # ROS reads [] as "not set"
+        _, reason = P.validate(spec, value)
+        assert reason is None, reason
+
+
+def test_every_yaml_key_is_declared_by_some_node() -> None:
+    data = yaml.safe_load(YAML_PATH.read_text())
+    for section, body in data.items():
+        keys = set(flatten(body["ros__parameters"]))
+        nodes = list(NODE_SPECS) if section == "/**" else [section]
+        known = set()
+        for node in nodes:
+            known |= set(declared(node, yaml_values(node)))
+        # Per-camera width/height are for the sim; slot for perception: union over nodes.
+        assert keys <= known, f"{section}: not declared: {sorted(keys - known)}"
+
+
+def test_yaml_builds_a_valid_engine_config() -> None:
+    values = {}
+    for name, spec in declared("inference", yaml_values("inference")).items():
+        raw = yaml_values("inference")[name]
+        values[name], reason = P.validate(spec, None if raw == [] else raw)
+        assert reason is None
+    cfg = build_engine_config(values, len(values["joint_names"]))
+    assert cfg.action_output_dim == 19 and cfg.model.name == "tiny"
+    assert cfg.checkpoint_dir is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "expected"),
+    [
+        ("float", 70, 70.0),
+        ("float", 2.5, 2.5),
+        ("int", 3, 3),
+        ("bool", True, True),
+        ("str", "x", "x"),
+        ("float_list", None, []),
+        ("float_list", [1, 2.5], [1.0, 2.5]),
+        ("str_list", ["a"], ["a"]),
+    ],
+)
+def test_coerce_accepts(kind, value, expected) -> None:
+    assert P.coerce(kind, value) == expected
+
+
+@pytest.mark.parametrize(
+    ("kind", "value"),
+    [
+        ("float", "70"),
+        ("float", True),
+        ("int", 2.5),
+        ("bool", 1),
+        ("str", 3),
+        ("float_list", "abc"),
+        ("str_list", [1]),
+    ],
+)
+def test_coerce_refuses(kind, value) -> None:
+    with pytest.raises(ValueError):
+        P.coerce(kind, value)
+
+
+def spec(name: str) -> P.ParamSpec:
+    return {s.name: s for s in P.SHARED + P.INFERENCE + P.PERCEPTION}[name]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "ok"),
+    [
+        ("action_rate_hz", 50, True),
+        ("action_rate_hz", 0.0, False),
+        ("action_rate_hz", -5.0, False),
+        ("action_rate_hz", 5000.0, False),
+        ("action_rate_hz", float("nan"), False),
+        ("action_rate_hz", "fast", False),
+        ("narration_period_s", 0.0, True),
+        ("narration_period_s", 0.01, False),
+        ("memory_period_s", 10.0, True),
+        ("blend_mode", "cubic", False),
+        ("watchdog_policy", "hold", True),
+        ("joint_names", [], False),
+        ("joint_names", ["a", "a"], False),
+        ("observation_rate_hz", 30.0, True),
+    ],
+)
+def test_checks(name, value, ok) -> None:
+    _converted, reason = P.validate(spec(name), value)
+    assert (reason is None) == ok, reason
+    if not ok:
+        assert name in reason
+
+
+def test_runtime_parameters_are_rates_periods_and_policies() -> None:
+    runtime = {s.name for s in P.SHARED + P.INFERENCE + P.PERCEPTION + P.SIM_SENSORS if s.runtime}
+    assert {
+        "action_rate_hz",
+        "narration_period_s",
+        "memory_period_s",
+        "observation_rate_hz",
+        "camera_rate_hz",
+        "joint_rate_hz",
+    } <= runtime
+    assert "model_preset" not in runtime and "memory_db_path" not in runtime
+
+
+def test_engine_config_refuses_too_many_joints() -> None:
+    values = {s.name: s.default for s in P.INFERENCE}
+    with pytest.raises(ValueError, match="exceed"):
+        build_engine_config(values, 33)
+
+
+def test_engine_config_refuses_small_cache() -> None:
+    values = {s.name: s.default for s in P.INFERENCE}
+    values["cache_max_seq_len"] = 16
+    with pytest.raises(ValueError):
+        build_engine_config(values, 19)
