@@ -19,7 +19,6 @@ Invariants:
 """
 
 # jaxtyping shape strings ("b s d") are not Python expressions; pyflakes' F722 misreads them.
-# ruff: noqa: F722
 
 from __future__ import annotations
 
