@@ -33,6 +33,7 @@ from typing import TextIO
 from oxygen_ros import graph
 
 STOP_TIMEOUT_S = 10.0
+JAX_CACHE_DIR = "~/.cache/oxygen_ros/jax"  # unless JAX_COMPILATION_CACHE_DIR is set
 REFRESH_S = 0.5
 SPEECH_LINES = 6
 MEMORY_LINES = 5
@@ -89,13 +90,12 @@ def start_children(nodes: Sequence[graph.ResolvedNode], log_dir: Path) -> list[C
         log_path = log_dir / f"{node.spec.name}.log"
         # -P: never import the source tree's oxygen_ros (no generated msg/) from the cwd.
         cmd = [sys.executable, "-P", "-m", node.spec.module, "--ros-args", *node.ros_arguments()]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # Compiled XLA programs are reused across runs (the engine starts in seconds, not tens).
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(JAX_CACHE_DIR).expanduser()))
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
         with log_path.open("wb") as log_file:
-            popen = subprocess.Popen(
-                cmd,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+            popen = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
         children.append(Child(node.spec.name, popen, log_path))
     return children
 
@@ -314,6 +314,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     children = start_children(nodes, log_dir)
+    for child in children:
+        print(
+            f"[bringup] started {child.name} (pid {child.popen.pid}), log {child.log_path}",
+            file=out,
+            flush=True,
+        )
     view = (
         None
         if options.no_view

@@ -4,8 +4,8 @@ Presets (`get_model_config(name)`):
 - `pi05`: the real pi0.5 model, openpi `gemma_2b` prefix LLM + `gemma_300m` action expert +
   SigLIP `So400m/14` at 224 px, bfloat16 (3.35e9 parameters).
 - `tiny`: openpi's `dummy` Gemma for both experts + SigLIP `mu/14` at 224 px, float32
-  (about 17e6 parameters, most of them the 257,152-row embedding). Same code paths and
-  prefix length as `pi05`, so it exercises everything on a CPU in CI.
+  (about 17e6 parameters, most of them the 257,152-row embedding). Same code paths, prefix
+  length and action horizon (50) as `pi05`, so it exercises everything on a CPU in CI.
 
 Invariants:
 - Every config is a frozen, hashable dataclass; compiled model functions are cached per
@@ -14,6 +14,8 @@ Invariants:
 - The prefix length S is fixed per model config: image tokens of every slot + max_token_len.
 - A language request fits a cache slot when its tail plus max_tokens - 1 fit `max_seq_len`
   (the last sampled token is never written to the cache).
+- `CacheConfig` and `extend_rows` fix every language shape, so the engine compiles its decode
+  step and tail extend once for any number (1..num_slots) of active requests.
 """
 
 from __future__ import annotations
@@ -71,7 +73,6 @@ def get_model_config(name: str) -> ModelConfig:
             paligemma_variant="dummy",
             action_expert_variant="dummy",
             vision_variant="mu/14",
-            action_horizon=10,
             dtype="float32",
             param_dtype="float32",
         )
@@ -111,18 +112,75 @@ class CacheConfig:
     """Fixed capacity of the language KV cache (shapes of the compiled decode step)."""
 
     num_slots: int = 8  # B: rows of a decode step, i.e. concurrently decoding requests
-    num_prefixes: int = 2  # P: stored prefixes (frames) language requests can read from
+    num_prefixes: int = 8  # P: stored prefixes (frames) language requests can read from
     max_seq_len: int = 64  # T: tail + generated tokens one slot holds
+
+
+SCHEDULER_MODES = ("isolated", "shared_kv", "continuous")
+SCHEDULER_POLICIES = ("fixed", "deadline", "to_completion")
 
 
 @dataclasses.dataclass(frozen=True)
 class SchedulerConfig:
-    """How language decoding is spread over frames (scheduler.py owns the policy)."""
+    """How language work is spread over control frames (scheduler.py applies it).
 
-    mode: Literal["shared_kv", "isolated"] = "shared_kv"  # one prefill per frame, or per task
-    policy: Literal["to_completion", "fixed", "deadline"] = "to_completion"
-    decode_steps_per_frame: int = 8  # `fixed` policy: decode steps after each frame's actions
-    frame_deadline_s: float = 0.1  # `deadline` policy: stop decoding when the frame is this old
+    `mode` picks the execution (`Engine.step`):
+    - `isolated`: openpi's way, a prefix prefill per task, each request decoded to completion
+      inside the frame;
+    - `shared_kv`: one prefill per frame, every request extended from it and decoded to
+      completion inside the frame;
+    - `continuous`: one prefill per frame; requests start in the frame they are admitted in
+      and keep decoding in later frames from their own frame's stored prefix, batched with
+      requests started in other frames; `policy` picks the decode steps per frame.
+    `policy` (continuous mode): `fixed` runs `decode_steps_per_frame` steps (OxyGen's k),
+    `deadline` as many as the measured costs predict fit `frame_budget_s`, `to_completion`
+    finishes every active request in the frame. isolated/shared_kv always run to completion.
+    """
+
+    mode: Literal["isolated", "shared_kv", "continuous"] = "continuous"
+    policy: Literal["fixed", "deadline", "to_completion"] = "fixed"
+    decode_steps_per_frame: int = 5  # `fixed`: decode steps after each frame's actions (k)
+    action_rate_hz: float = 70.0  # robot action rate; with actions_per_frame gives the budget
+    actions_per_frame: int = 7  # actions executed per chunk before the next one is needed
+    frame_deadline_s: float | None = None  # explicit frame budget; None: from the rates
+    safety_margin: float = 0.1  # `deadline`: fraction of the budget kept free
+    min_decode_steps_per_frame: int = 1  # `deadline`: floor, so language always progresses
+    max_decode_steps_per_frame: int = 64  # `deadline`: ceiling
+    cost_window: int = 16  # measured frames per running median of a component cost
+    max_waiting: int = 32  # bound of the waiting queue; beyond it requests are refused
+    max_admit_per_frame: int | None = None  # also the extend batch rows; None: num_slots
+
+    def __post_init__(self) -> None:
+        if self.mode not in SCHEDULER_MODES:
+            raise ValueError(f"unknown scheduler mode {self.mode!r}; known: {SCHEDULER_MODES}")
+        if self.policy not in SCHEDULER_POLICIES:
+            raise ValueError(
+                f"unknown scheduler policy {self.policy!r}; known: {SCHEDULER_POLICIES}"
+            )
+        if self.decode_steps_per_frame < 0:
+            raise ValueError("decode_steps_per_frame must be >= 0")
+        if self.action_rate_hz <= 0 or self.actions_per_frame < 1:
+            raise ValueError("need action_rate_hz > 0 and actions_per_frame >= 1")
+        if self.frame_deadline_s is not None and self.frame_deadline_s <= 0:
+            raise ValueError("frame_deadline_s must be > 0 or None")
+        if not 0 <= self.safety_margin < 1:
+            raise ValueError("safety_margin must be in [0, 1)")
+        if not 0 <= self.min_decode_steps_per_frame <= self.max_decode_steps_per_frame:
+            raise ValueError("need 0 <= min_decode_steps_per_frame <= max_decode_steps_per_frame")
+        if self.cost_window < 1:
+            raise ValueError("cost_window must be >= 1")
+        if self.max_waiting < 1:
+            raise ValueError("max_waiting must be >= 1")
+        if self.max_admit_per_frame is not None and self.max_admit_per_frame < 1:
+            raise ValueError("max_admit_per_frame must be >= 1 or None")
+
+    @property
+    def frame_budget_s(self) -> float:
+        """Seconds one frame may take: `frame_deadline_s`, else a chunk is needed every
+        `actions_per_frame / action_rate_hz` seconds."""
+        if self.frame_deadline_s is not None:
+            return self.frame_deadline_s
+        return self.actions_per_frame / self.action_rate_hz
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +223,14 @@ class EngineConfig:
                 f"{self.prompt.max_tail_len} plus the largest default max_tokens "
                 f"(needs {needed - 1})"
             )
+        if self.cache.num_slots < 1 or self.cache.num_prefixes < 1 or self.cache.max_seq_len < 1:
+            raise ValueError("cache num_slots, num_prefixes and max_seq_len must be >= 1")
+
+    @property
+    def extend_rows(self) -> int:
+        """Rows of one batched tail extend (fixed, so it compiles once)."""
+        limit = self.scheduler.max_admit_per_frame
+        return self.cache.num_slots if limit is None else min(limit, self.cache.num_slots)
 
 
 def get_engine_config(preset: str = "tiny", **overrides: object) -> EngineConfig:

@@ -162,14 +162,15 @@ def _write_prefix_row(
 
 
 @functools.partial(jax.jit, donate_argnums=(0, 1))
-def _write_tail_rows(
+def write_tail_rows(
     gen_k: jax.Array,
     gen_v: jax.Array,
     tail_k: jax.Array,
     tail_v: jax.Array,
     slot_index: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
-    # Rows of slot_index equal to B are padding; mode="drop" skips them.
+    """Copies N tails `[L, N, U, K, H]` (U <= T) into slot rows `slot_index[N]` of the slot
+    buffers `[L, B, T, K, H]` (donated); an index >= B is padding and dropped."""
     tail_len = tail_k.shape[2]
     gen_k = gen_k.at[:, slot_index, :tail_len].set(tail_k.astype(gen_k.dtype), mode="drop")
     gen_v = gen_v.at[:, slot_index, :tail_len].set(tail_v.astype(gen_v.dtype), mode="drop")
@@ -398,7 +399,7 @@ class LanguageKVCache:
                 raise ValueError(f"slot {slot}: tail length {tail_len} out of range")
         slot_index = np.full(num_rows, self.layout.num_slots, np.int32)
         slot_index[: len(slots)] = slots
-        self._gen_k, self._gen_v = _write_tail_rows(
+        self._gen_k, self._gen_v = write_tail_rows(
             self._gen_k, self._gen_v, tail_k, tail_v, slot_index
         )
         for slot, tail_len, start in zip(slots, tail_lens, start_positions, strict=True):

@@ -43,6 +43,7 @@ from jaxtyping import Array, Bool, Float, Int
 from openpi.models.pi0 import make_attn_mask
 
 from oxygen_ros.engine.config import ModelConfig
+from oxygen_ros.engine.kv_cache import write_tail_rows
 from oxygen_ros.engine.model import Pi05Model, abstract_model
 
 
@@ -196,20 +197,6 @@ def decode_step(
     return model.logits(out[:, 0], vocab_size), gen_k, gen_v
 
 
-def write_tail(
-    gen_k: Float[Array, "l b t k h"],
-    gen_v: Float[Array, "l b t k h"],
-    rows: Int[Array, " n"],
-    tail_k: Float[Array, "l n u k h"],
-    tail_v: Float[Array, "l n u k h"],
-) -> tuple[Float[Array, "l b t k h"], Float[Array, "l b t k h"]]:
-    """Copies n tails (length U <= T) into gen-cache rows; a row index >= B is dropped."""
-    num_tail = tail_k.shape[2]
-    gen_k = gen_k.at[:, rows, :num_tail].set(tail_k.astype(gen_k.dtype), mode="drop")
-    gen_v = gen_v.at[:, rows, :num_tail].set(tail_v.astype(gen_v.dtype), mode="drop")
-    return gen_k, gen_v
-
-
 def sample_tokens(
     logits: Float[Array, "b v"],
     temperature: Float[Array, " b"],
@@ -224,6 +211,29 @@ def sample_tokens(
     scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
     sampled = jax.vmap(jax.random.categorical)(keys, scaled)
     return jnp.where(temperature > 0, sampled, greedy).astype(jnp.int32)
+
+
+def decode_sample(
+    model: Pi05Model,
+    store: Prefix,
+    slot_prefix: Int[Array, " b"],
+    gen_k: Float[Array, "l b t k h"],
+    gen_v: Float[Array, "l b t k h"],
+    gen_len: Int[Array, " b"],
+    tokens: Int[Array, " b"],
+    active: Bool[Array, " b"],
+    temperature: Float[Array, " b"],
+    seeds: Int[Array, " b"],
+    indices: Int[Array, " b"],
+    vocab_size: int | None = None,
+) -> tuple[Int[Array, " b"], Float[Array, "l b t k h"], Float[Array, "l b t k h"]]:
+    """`decode_step` then `sample_tokens` in one call: the next id of every row (inactive rows
+    give junk) and the updated gen cache. `indices[b]` is the index of the sampled id in row
+    b's output stream."""
+    logits, gen_k, gen_v = decode_step(
+        model, store, slot_prefix, gen_k, gen_v, gen_len, tokens, active, vocab_size
+    )
+    return sample_tokens(logits, temperature, seeds, indices), gen_k, gen_v
 
 
 def full_forward_logits(
@@ -257,7 +267,7 @@ class _Compiled:
     denoise: object
     extend: object
     decode_step: object
-    write_tail: object
+    decode_sample: object
     sample_tokens: object
     full_forward_logits: object
 
@@ -279,7 +289,7 @@ def _compiled(config: ModelConfig) -> _Compiled:
         denoise=jax.jit(bind(denoise), static_argnums=3),
         extend=jax.jit(bind(extend), static_argnums=5),
         decode_step=jax.jit(bind(decode_step), static_argnums=8, donate_argnums=(3, 4)),
-        write_tail=jax.jit(write_tail, donate_argnums=(0, 1)),
+        decode_sample=jax.jit(bind(decode_sample), static_argnums=11, donate_argnums=(3, 4)),
         sample_tokens=jax.jit(sample_tokens),
         full_forward_logits=jax.jit(bind(full_forward_logits), static_argnums=4),
     )
@@ -329,11 +339,29 @@ class JitModel:
         args = (store, slot_prefix, gen_k, gen_v, gen_len, tokens, active, self.vocab_size)
         return self._fns.decode_step(self._leaves, *args)
 
+    def decode_sample(
+        self,
+        store: Prefix,
+        slot_prefix: Array,
+        gen_k: Array,
+        gen_v: Array,
+        gen_len: Array,
+        tokens: Array,
+        active: Array,
+        temperature: Array,
+        seeds: Array,
+        indices: Array,
+    ) -> tuple[Array, Array, Array]:
+        """As `decode_sample`; gen_k and gen_v are donated."""
+        args = (store, slot_prefix, gen_k, gen_v, gen_len, tokens, active)
+        sampling = (temperature, seeds, indices, self.vocab_size)
+        return self._fns.decode_sample(self._leaves, *args, *sampling)
+
     def write_tail(
         self, gen_k: Array, gen_v: Array, rows: Array, tail_k: Array, tail_v: Array
     ) -> tuple[Array, Array]:
-        """As `write_tail`; gen_k and gen_v are donated."""
-        return self._fns.write_tail(gen_k, gen_v, rows, tail_k, tail_v)
+        """`kv_cache.write_tail_rows` (the cache owns the implementation); donates gen_k/v."""
+        return write_tail_rows(gen_k, gen_v, tail_k, tail_v, rows)
 
     def sample_tokens(
         self, logits: Array, temperature: Array, seeds: Array, indices: Array

@@ -39,46 +39,6 @@ from oxygen_ros.engine.requests import Request
 from oxygen_ros.engine.types import RequestStatus
 
 
-@dataclasses.dataclass(frozen=True)
-class FrameSchedulerConfig(SchedulerConfig):
-    """`SchedulerConfig` plus the queue and cost-model knobs the frame scheduler needs."""
-
-    max_waiting: int = 32  # bound of the waiting queue; beyond it requests are refused
-    max_admit_per_frame: int | None = None  # None: as many as the cache fits
-    min_decode_steps_per_frame: int = 1  # `deadline`: floor, so language always progresses
-    max_decode_steps_per_frame: int = 64  # `deadline`: ceiling
-    safety_margin: float = 0.1  # `deadline`: fraction of `frame_deadline_s` kept free
-    cost_window: int = 16  # measurements per running median of a cost
-
-    def __post_init__(self) -> None:
-        if self.policy not in ("to_completion", "fixed", "deadline"):
-            raise ValueError(f"unknown scheduler policy {self.policy!r}")
-        if self.max_waiting < 1:
-            raise ValueError("max_waiting must be >= 1")
-        if self.max_admit_per_frame is not None and self.max_admit_per_frame < 1:
-            raise ValueError("max_admit_per_frame must be >= 1 or None")
-        if not 0 <= self.min_decode_steps_per_frame <= self.max_decode_steps_per_frame:
-            raise ValueError("need 0 <= min_decode_steps_per_frame <= max_decode_steps_per_frame")
-        if self.decode_steps_per_frame < 0:
-            raise ValueError("decode_steps_per_frame must be >= 0")
-        if not 0 <= self.safety_margin < 1:
-            raise ValueError("safety_margin must be in [0, 1)")
-        if self.frame_deadline_s <= 0:
-            raise ValueError("frame_deadline_s must be > 0")
-        if self.cost_window < 1:
-            raise ValueError("cost_window must be >= 1")
-
-
-def frame_deadline_from_rates(control_rate_hz: float, num_executed_actions: int) -> float:
-    """Frame budget when the robot executes `num_executed_actions` of each chunk.
-
-    A new chunk is needed every `num_executed_actions / control_rate_hz` seconds.
-    """
-    if control_rate_hz <= 0 or num_executed_actions < 1:
-        raise ValueError("need control_rate_hz > 0 and num_executed_actions >= 1")
-    return num_executed_actions / control_rate_hz
-
-
 class RefuseReason(enum.Enum):
     """Why `add_request` did not queue a request (also its `error` text)."""
 
@@ -189,7 +149,7 @@ class CostModel:
 class FrameScheduler:
     """Admission, cancellation and per-frame decode steps over one `LanguageKVCache`."""
 
-    def __init__(self, config: FrameSchedulerConfig, cache: LanguageKVCache) -> None:
+    def __init__(self, config: SchedulerConfig, cache: LanguageKVCache) -> None:
         self.config = config
         self.cache = cache
         self.costs = CostModel(config.cost_window)
@@ -315,14 +275,22 @@ class FrameScheduler:
     # ----------------------------------------------------------------------------------------
     # The frame.
 
-    def schedule(self, now: float) -> FrameSchedule:
+    def schedule(
+        self, now: float, *, policy: str | None = None, max_admit: int | None = None
+    ) -> FrameSchedule:
         """Admits waiting requests and plans this frame's decode steps.
 
         Admitted requests become RUNNING with a slot on a freshly reserved prefix row; the
         runner must write this frame's prefix into `prefix_id` and extend their tails.
+
+        Args:
+            now: seconds (admission time of the admitted requests).
+            policy: overrides `config.policy` for this call (the engine's isolated and
+                shared_kv frames use "to_completion").
+            max_admit: overrides `config.max_admit_per_frame` for this call (isolated: 1).
         """
         running = list(self._running.values())
-        admitted = self._admit(now)
+        admitted = self._admit(now, self.config.max_admit_per_frame if max_admit is None else max_admit)
         prefix_id = None
         admit_slots: list[int] = []
         if admitted:
@@ -337,17 +305,19 @@ class FrameScheduler:
         )
         decode_batch_size = len(running) + len(admitted)
         budget_s, predicted_s = None, None
-        policy = self.config.policy
+        policy = self.config.policy if policy is None else policy
         if policy == "to_completion":
             num_steps = num_needed
         elif policy == "fixed":
             num_steps = min(self.config.decode_steps_per_frame, num_needed)
-        else:
-            budget_s = self.config.frame_deadline_s * (1.0 - self.config.safety_margin)
+        elif policy == "deadline":
+            budget_s = self.config.frame_budget_s * (1.0 - self.config.safety_margin)
             num_steps = min(
                 self._deadline_steps(budget_s, decode_batch_size, bool(admitted)), num_needed
             )
             predicted_s = self._predict_s(num_steps, decode_batch_size, bool(admitted))
+        else:
+            raise ValueError(f"unknown scheduler policy {policy!r}")
         schedule = FrameSchedule(
             frame_index=self._frame_index,
             prefix_id=prefix_id,
@@ -386,8 +356,7 @@ class FrameScheduler:
 
     # ----------------------------------------------------------------------------------------
 
-    def _admit(self, now: float) -> list[Request]:
-        limit = self.config.max_admit_per_frame
+    def _admit(self, now: float, limit: int | None) -> list[Request]:
         num_admit = 0
         for _, _, request in self._waiting:
             if limit is not None and num_admit >= limit:

@@ -46,6 +46,11 @@ class Tokenizer:
             )
 
     @property
+    def processor(self) -> sentencepiece.SentencePieceProcessor:
+        """The SentencePiece processor (read only; the incremental detokenizer decodes with it)."""
+        return self._sp
+
+    @property
     def vocab_size(self) -> int:
         return self._sp.vocab_size()
 

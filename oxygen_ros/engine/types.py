@@ -67,6 +67,17 @@ class LanguageRequest:
     priority: int | None = None  # None: the kind's default; lower runs first
     request_id: str | None = None  # None: the engine assigns "<kind>-<counter>"
     seed: int = 0  # rng seed; token i uses fold_in(key(seed), i), independent of batching
+    ignore_eos: bool = False  # True: only max_tokens stops it (benchmarks: fixed lengths)
+
+
+@dataclasses.dataclass(frozen=True)
+class AddResult:
+    """Answer of `Engine.add_request`."""
+
+    request_id: str  # the caller's id or the one the engine assigned
+    accepted: bool  # queued (WAITING); False: REFUSED, see `reason`
+    status: RequestStatus  # WAITING or REFUSED
+    reason: str  # why it was refused; "" when accepted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,10 +107,14 @@ class ActionResult:
 class FrameTimings:
     """Wall-clock seconds spent in each phase of one frame (device work waited for)."""
 
-    prefill_s: float  # prefix prefill(s), images + prompt
+    prefill_s: float  # prefix prefill(s), images + prompt (isolated: all of them)
     denoise_s: float  # flow-matching action denoising
-    language_s: float  # language tails (extend) and decoding
+    extend_s: float  # language tails of admitted requests: prefix store, extend, first ids
+    decode_s: float  # batched decode steps, sampling and bookkeeping included
+    language_s: float  # extend_s + decode_s + detokenisation
     total_s: float  # whole `step` call, host work included
+    num_decode_steps: int = 0  # batched decode steps run in this frame
+    mean_batch_size: float = 0.0  # mean active rows over those steps (0 without steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,10 +130,24 @@ class FrameResult:
 
 @dataclasses.dataclass(frozen=True)
 class EngineStats:
-    """Cumulative counters since the engine was built; observable without timing."""
+    """Counters since the engine was built and gauges of now; observable without timing."""
 
     num_frames: int = 0
     num_prefills: int = 0  # prefix prefills (images + prompt)
     num_extends: int = 0  # batched language-tail prefills
     num_decode_steps: int = 0  # batched decode steps
-    num_generated_tokens: int = 0
+    num_generated_tokens: int = 0  # ids sampled, end-of-sequence ids included
+    num_compiles: int = 0  # XLA compilations in this process since the engine was built
+    num_waiting: int = 0  # requests queued now
+    num_running: int = 0  # requests holding a cache slot now
+    num_admitted: int = 0
+    num_refused: int = 0
+    num_aborted: int = 0
+    num_finished: int = 0  # finished in any way except refused
+    slots_used: int = 0
+    slots_total: int = 0
+    prefixes_used: int = 0  # stored frame prefixes in use
+    prefixes_total: int = 0
+    cache_bytes_used: int = 0
+    cache_bytes_total: int = 0  # fixed at construction
+    last_timings: FrameTimings | None = None  # of the last frame; None before the first

@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 from oxygen_ros.engine.config import (
     CacheConfig,
     EngineConfig,
@@ -31,7 +32,7 @@ from oxygen_ros.engine.config import (
     SchedulerConfig,
     get_model_config,
 )
-from oxygen_ros.engine.types import LanguageRequest, RequestKind
+from oxygen_ros.engine.types import LanguageRequest, Observation, RequestKind
 
 
 def build_engine_config(values: Mapping[str, Any], num_joints: int) -> EngineConfig:
@@ -75,6 +76,22 @@ def build_engine_config(values: Mapping[str, Any], num_joints: int) -> EngineCon
         action_output_dim=num_joints,
         seed=values["seed"],
     )
+
+
+def warmup_frame(config: EngineConfig) -> tuple[Observation, list[LanguageRequest]]:
+    """A blank observation and one request of every kind: one `step` on them compiles every
+    code path before the first real frame (so the first narration does not stall actions)."""
+    model = config.model
+    height, width = model.image_resolution
+    observation = Observation(
+        images={k: np.zeros((height, width, 3), np.uint8) for k in model.image_keys},
+        image_masks={k: False for k in model.image_keys},
+        state=np.zeros(config.action_output_dim or model.action_dim, np.float32),
+        prompt="warm up",
+        stamp=0.0,
+    )
+    requests = [LanguageRequest(kind=k, request_id=f"warmup-{k.value}") for k in RequestKind]
+    return observation, requests
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import sys
 import threading
 import time
@@ -64,7 +65,12 @@ from oxygen_ros.nodes.conversions import (
     speech_token_msg,
     time_to_seconds,
 )
-from oxygen_ros.nodes.engine_bridge import LanguageQueue, RateMeter, build_engine_config
+from oxygen_ros.nodes.engine_bridge import (
+    LanguageQueue,
+    RateMeter,
+    build_engine_config,
+    warmup_frame,
+)
 from oxygen_ros.nodes.memory_store import MemoryStore
 from oxygen_ros.nodes.runtime import (
     LATCHED_QOS,
@@ -336,6 +342,13 @@ class InferenceNode(Node):
             from oxygen_ros.engine.engine import Engine  # JAX import: seconds, keep it here
 
             engine = Engine(self._engine_config)
+            if self.params["warmup"]:
+                started = time.monotonic()
+                engine.step(*warmup_frame(self._engine_config))  # outputs are not published
+                self.get_logger().info(
+                    f"engine warmed up (every code path compiled) in "
+                    f"{time.monotonic() - started:.1f} s"
+                )
         except Exception as exc:  # a bad checkpoint or preset must not hang the node silently
             self._engine_state = "failed"
             self.exit_code = 1
@@ -602,11 +615,16 @@ class InferenceNode(Node):
         self._action_thread.join(timeout=2.0)
         self._engine_thread.join(timeout=ENGINE_JOIN_S)
         if self._engine_thread.is_alive():
+            doing = "inside a frame" if self._engine_state == "ready" else "loading"
             self.get_logger().warning(
-                f"engine still inside a frame after {ENGINE_JOIN_S:g} s; its results are dropped"
+                f"engine still {doing} after {ENGINE_JOIN_S:g} s; not waiting for it"
             )
         self._abort_all("node shutting down")
         self._store.close()
+
+    def engine_busy(self) -> bool:
+        """True while the engine thread has not finished (after `close`: stuck in XLA)."""
+        return self._engine_thread.is_alive()
 
 
 def main(args: Sequence[str] | None = None) -> int:
@@ -620,7 +638,14 @@ def main(args: Sequence[str] | None = None) -> int:
         return holder[-1]
 
     code = run_node(factory, "inference", args, num_threads=3)
-    return code or (holder[0].exit_code if holder else 0)
+    code = code or (holder[0].exit_code if holder else 0)
+    if holder and holder[0].engine_busy():
+        # Still loading or compiling (not interruptible). Everything durable is closed; exiting
+        # normally would finalise the interpreter under a thread inside XLA and abort.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

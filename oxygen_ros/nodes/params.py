@@ -336,6 +336,12 @@ INFERENCE: tuple[ParamSpec, ...] = (
         check=int_range(1, 4096),
     ),
     ParamSpec(
+        "warmup",
+        True,
+        "compile every engine code path before the first frame",
+        "bool",
+    ),
+    ParamSpec(
         "max_pending_requests",
         16,
         "language requests queued or running at most",

@@ -285,7 +285,7 @@ def test_writes_compile_once_for_every_row_and_slot_count() -> None:
     layout = KVCacheLayout(4, 3, 5, 7, 1, 1, 3)  # shapes no other test uses
     cache = make_cache(layout)
     write_prefix = kv_cache_module._write_prefix_row
-    write_tails = kv_cache_module._write_tail_rows
+    write_tails = kv_cache_module.write_tail_rows
     prefix_before = write_prefix._cache_size()
     tails_before = write_tails._cache_size()
     mask = jnp.ones(5, bool)

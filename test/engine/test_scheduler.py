@@ -8,16 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oxygen_ros.engine.config import SchedulerConfig
 from oxygen_ros.engine.kv_cache import KVCacheLayout, LanguageKVCache
 from oxygen_ros.engine.requests import Request
 from oxygen_ros.engine.scheduler import (
     CostModel,
     FrameCosts,
     FrameScheduler,
-    FrameSchedulerConfig,
     RefuseReason,
     RunningMedian,
-    frame_deadline_from_rates,
 )
 from oxygen_ros.engine.types import RequestKind, RequestStatus
 
@@ -58,7 +57,7 @@ def make_scheduler(
     config.setdefault("policy", "fixed")
     config.setdefault("decode_steps_per_frame", 2)
     config.setdefault("max_waiting", 4)
-    return FrameScheduler(FrameSchedulerConfig(**config), LanguageKVCache(layout))  # type: ignore[arg-type]
+    return FrameScheduler(SchedulerConfig(**config), LanguageKVCache(layout))  # type: ignore[arg-type]
 
 
 def add(scheduler: FrameScheduler, *requests: Request) -> None:
@@ -350,10 +349,35 @@ def test_running_median_window() -> None:
     assert median.value() == 3.0  # median of (1, 3, 100)
 
 
-def test_frame_deadline_from_rates() -> None:
-    assert frame_deadline_from_rates(control_rate_hz=50.0, num_executed_actions=5) == 0.1
-    with pytest.raises(ValueError):
-        frame_deadline_from_rates(control_rate_hz=0.0, num_executed_actions=5)
+def test_frame_budget_from_action_rate_or_explicit_deadline() -> None:
+    assert SchedulerConfig(action_rate_hz=50.0, actions_per_frame=5).frame_budget_s == 0.1
+    assert SchedulerConfig(action_rate_hz=70.0, actions_per_frame=14).frame_budget_s == 0.2
+    explicit = SchedulerConfig(action_rate_hz=50.0, actions_per_frame=5, frame_deadline_s=0.25)
+    assert explicit.frame_budget_s == 0.25
+    for bad in ({"action_rate_hz": 0.0}, {"actions_per_frame": 0}, {"mode": "batched"}):
+        with pytest.raises(ValueError):
+            SchedulerConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_deadline_budget_comes_from_the_action_rate() -> None:
+    # 7 actions at 70 Hz: 0.1 s, minus the 10 % margin.
+    scheduler = make_scheduler(
+        num_slots=4, max_seq_len=64, policy="deadline", action_rate_hz=70.0, actions_per_frame=7
+    )
+    scheduler.observe_costs(steady_costs(extend_s=0.01))
+    add(scheduler, make_request("a", max_tokens=50))
+    schedule = scheduler.schedule(now=1.0)
+    assert schedule.budget_s == pytest.approx(0.09)
+    assert schedule.num_decode_steps == 6
+
+
+def test_policy_and_admission_overrides_per_call() -> None:
+    scheduler = make_scheduler(num_slots=3, policy="fixed", decode_steps_per_frame=1)
+    add(scheduler, make_request("a", max_tokens=5), make_request("b", max_tokens=3))
+    one = scheduler.schedule(now=1.0, policy="to_completion", max_admit=1)
+    assert (one.admit_ids, one.num_decode_steps) == (("a",), 4)
+    two = scheduler.schedule(now=1.0)
+    assert (two.admit_ids, two.running_ids, two.num_decode_steps) == (("b",), ("a",), 1)
 
 
 @pytest.mark.parametrize(
@@ -370,7 +394,7 @@ def test_frame_deadline_from_rates() -> None:
 )
 def test_config_validation(field: str, value: object) -> None:
     with pytest.raises(ValueError):
-        FrameSchedulerConfig(**{field: value, "max_decode_steps_per_frame": 8})  # type: ignore[arg-type]
+        SchedulerConfig(**{field: value, "max_decode_steps_per_frame": 8})  # type: ignore[arg-type]
 
 
 def test_burst_queues_then_refuses_and_nothing_grows() -> None:

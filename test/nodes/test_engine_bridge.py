@@ -72,3 +72,16 @@ def test_rate_meter_window() -> None:
         m.add(now=start + 10 + i / 70)
     assert m.rate(now=start + 10 + 2.0) == pytest.approx(70.0, rel=0.01)
     assert m.rate(now=start + 20) == 0.0
+
+
+def test_warmup_frame_covers_every_slot_and_kind() -> None:
+    from oxygen_ros.engine.config import get_engine_config
+    from oxygen_ros.nodes.engine_bridge import warmup_frame
+
+    config = get_engine_config("tiny", action_output_dim=19)
+    observation, requests = warmup_frame(config)
+    assert set(observation.images) == set(config.model.image_keys)
+    assert all(img.shape == (224, 224, 3) for img in observation.images.values())
+    assert observation.state.shape == (19,)
+    assert {r.kind for r in requests} == set(RequestKind)
+    assert all(r.request_id.startswith("warmup-") for r in requests)

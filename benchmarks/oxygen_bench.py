@@ -1,0 +1,886 @@
+"""OxyGen's experiment grid on the engine: isolated vs shared KV vs continuous batching.
+
+What runs: a stream of control frames, each with a fresh observation (same images, a new
+state, so every frame has its own prefix), and language requests arriving by frame index.
+Frames run back to back (closed loop, no pacing), so every number is a capacity, not a rate
+the robot asked for. Methods (one engine per setting, all sharing one model per preset/N):
+- `isolated`: `Engine.run_isolated`: a prefix prefill for the actions and another for each
+  request, each request decoded alone to its last token inside the frame it arrived in
+  (what openpi would do for several tasks).
+- `shared_kv`: one prefill shared by the actions and every request of the frame, all requests
+  decoded to completion inside that frame (OxyGen's cross-task KV sharing).
+- `cb_k{1,5,10}`: continuous batching, a fixed k batched decode steps per frame; unfinished
+  requests keep decoding in later frames from the prefix of the frame they started in.
+- `deadline`: continuous batching where the scheduler picks the decode steps so the frame
+  stays within a budget = `--deadline-factor` x the measured action-only frame time
+  (prefill + denoise); the equivalent action rate is recorded as `budget_action_hz`.
+Grid: denoise steps N in {5, 10}; max tokens M in {10, 30}; arrivals uniform 0.5/1/2 requests
+per frame (`u0.5`, `u1`, `u2`), Poisson with mean 1 (`poisson`), and `mixed` (one per frame,
+lengths drawn from {5, 20}; M is then "5|20"). Every request decodes exactly its max tokens
+(EOS disabled for benchmark requests), greedy, so all methods do the same language work.
+
+Protocol per setting: `--warmup-frames` frames with the same arrival pattern, then run until
+every warm-up request finished (warm-up excluded from everything); then `--frames` measured
+frames with arrivals; then drain frames (no arrivals) until every measured request finished.
+Metrics:
+- frame time mean/p50/p99 over the measured frames (wall time of the engine call);
+- action_hz: action horizon / mean frame time, over measured frames that produced actions;
+- tokens_per_s: tokens emitted in the measured frames / their summed time;
+- latency p50/p99: request arrival (start of the frame it was submitted in) -> end of the frame
+  that returned its last token, true end to end (waiting across frames counts);
+- mean_batch: mean active requests per decode step (reconstructed from per-frame tokens);
+- compiles: XLA compilations during measured + drain frames (jax.monitoring listener on the
+  backend-compile event; engine `num_compiles` too when the engine reports it);
+- peak_rss_mb: peak resident memory of this process during the setting (psutil);
+- e2e_s: wall time to serve the measured frames' actions and all their requests (measured +
+  drain frames). speedup = e2e_s(isolated) / e2e_s(method) for the same N, M and arrivals:
+  OxyGen's end-to-end speedup for the same action frames + language requests.
+  `act_speedup` (OxyGen's action-frequency ratio) is recorded next to it.
+- bound: for the very schedule each method executed (prefills, extends, decode steps and their
+  batch sizes per frame), the sum of the component times measured alone (fastest prefill,
+  denoise, extend, decode step at each active batch size): the time with zero host overhead.
+  bound_action_hz / bound_tokens_per_s are the measured window's work over that time.
+  gap = e2e_s / bound_e2e_s (1.0 = at the limit).
+
+Outputs: JSON (`--out`, default benchmarks/results/), a printed table, a PNG of action
+frequency vs tokens/s per method. Quick mode (tiny preset, N=10, M=30, one arrival per frame,
+isolated / shared_kv / cb_k5 / deadline) ends with the line `speedup_vs_isolated=<x>`
+(cb_k5 vs isolated).
+
+Usage (repository root, after `bash scripts/setup.sh && source scripts/env.sh`):
+    python benchmarks/oxygen_bench.py --quick          # or: benchmarks/quick
+    python benchmarks/oxygen_bench.py [--preset tiny]  # full grid (tens of minutes on a CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import logging
+import math
+import os
+import pathlib
+import platform
+import resource
+import statistics
+import sys
+import time
+import typing
+from collections.abc import Callable, Sequence
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".build" / "jax_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+
+from oxygen_ros.engine import prompts  # noqa: E402
+from oxygen_ros.engine.config import ModelConfig, get_engine_config, get_model_config  # noqa: E402
+from oxygen_ros.engine.engine import Engine, observation_to_inputs  # noqa: E402
+from oxygen_ros.engine.model import Pi05Model, create_model  # noqa: E402
+from oxygen_ros.engine.model_fns import Prefix  # noqa: E402
+from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH  # noqa: E402
+from oxygen_ros.engine.types import (  # noqa: E402
+    LanguageRequest,
+    Observation,
+    RequestKind,
+)
+
+METHODS = ("isolated", "shared_kv", "cb_k1", "cb_k5", "cb_k10", "deadline")
+ARRIVALS = ("u0.5", "u1", "u2", "poisson", "mixed")
+MIXED_LENGTHS = (5, 20)
+COMPLETED = ("FINISHED_STOPPED", "FINISHED_LENGTH")  # statuses counted in latency
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+REQUEST_KIND = RequestKind.NARRATION
+HEADLINE = {"method": "cb_k5", "denoise_steps": 10, "max_tokens": 30, "arrival": "u1"}
+
+# ------------------------------------------------------------------------------------------
+# Compile counting and memory.
+
+
+class CompileCounter:
+    """Counts XLA backend compilations (persistent-cache hits included) in this process."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, event: str, duration: float, **kwargs: object) -> None:
+        del duration, kwargs
+        if event == BACKEND_COMPILE_EVENT:
+            self.count += 1
+
+
+def rss_mb() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def max_rss_mb() -> float:
+    """Peak RSS of this process since it started (ru_maxrss is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ------------------------------------------------------------------------------------------
+# Workload.
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One grid point."""
+
+    method: str  # one of METHODS
+    denoise_steps: int  # N
+    max_tokens: int | None  # M; None for `mixed` (lengths from MIXED_LENGTHS)
+    arrival: str  # one of ARRIVALS
+
+    @property
+    def label(self) -> str:
+        m = "5|20" if self.max_tokens is None else str(self.max_tokens)
+        return f"{self.method} N={self.denoise_steps} M={m} {self.arrival}"
+
+
+def arrival_schedule(
+    arrival: str, max_tokens: int | None, num_frames: int, seed: int
+) -> list[list[int]]:
+    """Per frame, the max_tokens of each request arriving in it (deterministic)."""
+    rng = np.random.default_rng(seed)
+    frames: list[list[int]] = []
+    for frame in range(num_frames):
+        if arrival.startswith("u"):
+            rate = float(arrival[1:])
+            count = math.floor((frame + 1) * rate + 1e-9) - math.floor(frame * rate + 1e-9)
+        elif arrival == "poisson":
+            count = int(rng.poisson(1.0))
+        elif arrival == "mixed":
+            count = 1
+        else:
+            raise ValueError(f"unknown arrival pattern {arrival!r}")
+        if arrival == "mixed":
+            frames.append([int(rng.choice(MIXED_LENGTHS)) for _ in range(count)])
+        else:
+            assert max_tokens is not None
+            frames.append([max_tokens] * count)
+    return frames
+
+
+def make_observation(config_model: ModelConfig, frame: int, seed: int) -> Observation:
+    """Same random images every frame, a new state per frame (so a new prefix)."""
+    rng = np.random.default_rng(seed)
+    images = {
+        key: rng.integers(0, 256, (*config_model.image_resolution, 3), dtype=np.uint8)
+        for key in config_model.image_keys
+    }
+    state = np.random.default_rng([seed, frame]).uniform(-1, 1, (8,)).astype(np.float32)
+    return Observation(
+        images=images,
+        image_masks={key: True for key in config_model.image_keys},
+        state=state,
+        prompt="pick up the red block and put it in the bowl",
+        stamp=float(frame),
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# Engine construction: adapts to the scheduler fields the engine config has.
+
+
+def _literal_values(cls: type, field: str) -> tuple[object, ...] | None:
+    try:
+        hint = typing.get_type_hints(cls)[field]
+    except (KeyError, NameError, TypeError):
+        return None
+    values = typing.get_args(hint)
+    return values or None
+
+
+def _scheduler_overrides(
+    scheduler_cls: type, setting: Setting, budget_s: float, max_waiting: int
+) -> dict[str, object] | None:
+    """Scheduler fields for a method, or None when this engine cannot run it."""
+    fields = {field.name for field in dataclasses.fields(scheduler_cls)}
+    modes = _literal_values(scheduler_cls, "mode") or ()
+    policies = _literal_values(scheduler_cls, "policy") or ()
+    overrides: dict[str, object] = {}
+    if "max_waiting" in fields:
+        overrides["max_waiting"] = max_waiting
+    method = setting.method
+    if method in ("isolated", "shared_kv"):
+        if method in modes:
+            overrides["mode"] = method
+        if "to_completion" in policies:
+            overrides["policy"] = "to_completion"
+        return overrides
+    if "continuous" in modes:
+        overrides["mode"] = "continuous"
+    elif "shared_kv" in modes and "fixed" in policies:
+        overrides["mode"] = "shared_kv"  # continuous batching expressed through the policy
+    else:
+        return None
+    if method == "deadline":
+        if "deadline" not in policies or "frame_deadline_s" not in fields:
+            return None
+        overrides["policy"] = "deadline"
+        overrides["frame_deadline_s"] = budget_s
+        return overrides
+    if "fixed" not in policies or "decode_steps_per_frame" not in fields:
+        return None
+    overrides["policy"] = "fixed"
+    overrides["decode_steps_per_frame"] = int(method.removeprefix("cb_k"))
+    return overrides
+
+
+def _supports_continuous(engine_cls: type) -> bool:
+    return hasattr(engine_cls, "add_request")
+
+
+class _NoEosTokenizer:
+    """Tokenizer proxy whose end-of-sequence id can never be sampled (fallback only)."""
+
+    def __init__(self, tokenizer: object) -> None:
+        self._tokenizer = tokenizer
+
+    @property
+    def eos_id(self) -> int:
+        return -1
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._tokenizer, name)
+
+
+def _request_fields() -> set[str]:
+    return {field.name for field in dataclasses.fields(LanguageRequest)}
+
+
+def make_engine(
+    preset: str, model: Pi05Model, setting: Setting, args: argparse.Namespace, budget_s: float
+) -> Engine | None:
+    base = get_engine_config(preset)
+    scheduler = _scheduler_overrides(type(base.scheduler), setting, budget_s, args.max_waiting)
+    if scheduler is None:
+        return None
+    continuous = setting.method.startswith("cb_") or setting.method == "deadline"
+    if continuous and not _supports_continuous(Engine):
+        return None
+    cache = dataclasses.replace(
+        base.cache,
+        num_slots=args.slots,
+        num_prefixes=args.prefixes,
+        max_seq_len=max(base.cache.max_seq_len, base.prompt.max_tail_len + 32),
+    )
+    overrides: dict[str, object] = {
+        "model": model.config,
+        "cache": cache,
+        "scheduler": dataclasses.replace(base.scheduler, **scheduler),
+    }
+    if args.checkpoint_dir:
+        overrides["checkpoint_dir"] = args.checkpoint_dir
+    elif preset == "tiny":
+        overrides["tokenizer_path"] = str(BUNDLED_TOKENIZER_PATH)
+    config = get_engine_config(preset, **overrides)
+    engine = Engine(config, model=model)
+    if "ignore_eos" not in _request_fields():
+        engine.tokenizer = _NoEosTokenizer(engine.tokenizer)  # type: ignore[assignment]
+    return engine
+
+
+def make_request(request_id: str, max_tokens: int) -> LanguageRequest:
+    kwargs: dict[str, object] = {"max_tokens": max_tokens, "request_id": request_id}
+    if "ignore_eos" in _request_fields():
+        kwargs["ignore_eos"] = True
+    return LanguageRequest(REQUEST_KIND, **kwargs)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------
+# Component times (for the bound).
+
+
+def _fastest_s(fn: Callable[[], object], runs: int) -> float:
+    """Fastest of `runs` timed calls after one untimed call (a bound wants the best case)."""
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def measure_components(engine: Engine, seed: int, runs: int) -> dict[str, object]:
+    """Fastest seconds of each model function alone, at this engine's shapes."""
+    config = engine.config
+    model, cache = engine.model, config.cache
+    observation = make_observation(config.model, 0, seed)
+    inputs = observation_to_inputs(
+        observation,
+        config.model.image_keys,
+        config.model.image_resolution,
+        engine.tokenizer,
+        engine.normalizer,
+        config.model.max_token_len,
+    )
+    prefix = jax.block_until_ready(model.prefill(inputs))
+    store = Prefix(
+        *(
+            jax.numpy.concatenate([x] * cache.num_prefixes, axis=axis)
+            for x, axis in ((prefix.k, 1), (prefix.v, 1), (prefix.mask, 0))
+        )
+    )
+    noise = engine.make_noise(0)
+    task = config.prompt.task(REQUEST_KIND)
+    tail_tokens, tail_mask = prompts.tokenize_tail(
+        engine.tokenizer, task.tail, config.prompt.max_tail_len
+    )
+    slots = cache.num_slots
+    tails = np.repeat(tail_tokens[None], slots, 0)
+    masks = np.repeat(tail_mask[None], slots, 0)
+    rows = np.arange(slots, dtype=np.int32) % cache.num_prefixes
+    tail_k, tail_v, _ = model.extend(store, rows, tails, masks)
+    gen_len = masks.sum(axis=1).astype(np.int32)
+    tokens = np.full((slots,), 5, np.int32)
+    state: dict[str, object] = {}
+    state["k"], state["v"] = model.empty_gen_cache(slots, cache.max_seq_len)
+    state["k"], state["v"] = model.write_tail(
+        state["k"], state["v"], np.arange(slots, dtype=np.int32), tail_k, tail_v
+    )
+
+    def decode_once(active: np.ndarray) -> object:
+        logits, state["k"], state["v"] = model.decode_step(
+            store, rows, state["k"], state["v"], gen_len, tokens, active
+        )
+        return logits
+
+    decode_step_s = {}
+    for batch in range(1, slots + 1):
+        active = np.arange(slots) < batch
+        decode_step_s[batch] = _fastest_s(lambda active=active: decode_once(active), runs)
+    return {
+        "prefill_s": _fastest_s(lambda: model.prefill(inputs), runs),
+        "denoise_s": _fastest_s(lambda: model.denoise(prefix, noise), runs),
+        "extend_s": _fastest_s(lambda: model.extend(store, rows, tails, masks), runs),
+        "decode_step_s": decode_step_s,
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# Running one setting.
+
+
+@dataclasses.dataclass
+class Tracked:
+    """Harness-side view of one request."""
+
+    max_tokens: int
+    arrival_s: float
+    measured: bool  # arrived in a measured frame
+    num_tokens: int = 0
+    finish_s: float | None = None
+    status: str | None = None
+
+
+@dataclasses.dataclass
+class FrameRecord:
+    """One engine call as the harness saw it."""
+
+    phase: str  # "warmup", "measured", "drain"
+    wall_s: float
+    has_actions: bool
+    num_tokens: int
+    step_batches: list[int]  # active requests per decode step (reconstructed)
+    num_prefills: int
+    num_extends: int
+    num_decode_steps: int  # from engine stats (or the reconstruction when absent)
+    rss_mb: float
+    timings: dict[str, object]
+
+
+def _refused(added: object) -> bool:
+    """Whether `Engine.add_request`'s answer says the request was not queued."""
+    if isinstance(added, bool):
+        return not added
+    if getattr(added, "accepted", True) is False:
+        return True
+    status = getattr(added, "status", None)
+    return status is not None and getattr(status, "name", "") == "REFUSED"
+
+
+class Runner:
+    """Drives one engine through arrivals, frame by frame, and records what happened."""
+
+    def __init__(self, engine: Engine, method: str, seed: int) -> None:
+        self.engine = engine
+        self.method = method
+        self.seed = seed
+        self.requests: dict[str, Tracked] = {}
+        self.frames: list[FrameRecord] = []
+        self._frame = 0
+        self._next_id = 0
+
+    @property
+    def num_unfinished(self) -> int:
+        return sum(1 for tracked in self.requests.values() if tracked.finish_s is None)
+
+    def run_frame(self, lengths: Sequence[int], phase: str) -> None:
+        engine = self.engine
+        observation = make_observation(engine.config.model, self._frame, self.seed)
+        before = dataclasses.asdict(engine.stats())
+        start = time.perf_counter()
+        specs = []
+        for max_tokens in lengths:
+            request_id = f"bench-{self._next_id}"
+            self._next_id += 1
+            self.requests[request_id] = Tracked(max_tokens, start, phase == "measured")
+            specs.append(make_request(request_id, max_tokens))
+        if self.method == "isolated":
+            result = engine.run_isolated(observation, specs)
+        elif hasattr(engine, "add_request") and self.method != "shared_kv":
+            for spec in specs:
+                added = engine.add_request(spec)
+                if _refused(added):
+                    tracked = self.requests[str(spec.request_id)]
+                    tracked.finish_s, tracked.status = time.perf_counter(), "REFUSED"
+            result = engine.step(observation)
+        else:
+            result = engine.step(observation, specs)
+        end = time.perf_counter()
+        self._frame += 1
+        after = dataclasses.asdict(engine.stats())
+        per_request_steps: list[int] = []
+        num_tokens = 0
+        for output in result.outputs:
+            tracked = self.requests.get(output.request_id)
+            if tracked is None:
+                continue
+            new = len(output.new_token_ids)
+            if new:
+                # A request's first id comes from the tail extend, the rest from decode steps.
+                per_request_steps.append(new - 1 if tracked.num_tokens == 0 else new)
+            tracked.num_tokens += new
+            num_tokens += new
+            if output.status.finished and tracked.status is None:
+                tracked.finish_s = end
+                tracked.status = output.status.name
+        if self.method == "isolated":
+            step_batches = [1] * sum(per_request_steps)
+        else:
+            longest = max(per_request_steps, default=0)
+            step_batches = [
+                sum(1 for steps in per_request_steps if steps > j) for j in range(longest)
+            ]
+        num_decode_steps = after.get("num_decode_steps", 0) - before.get("num_decode_steps", 0)
+        timings = dataclasses.asdict(result.timings)
+        self.frames.append(
+            FrameRecord(
+                phase=phase,
+                wall_s=end - start,
+                has_actions=result.actions is not None,
+                num_tokens=num_tokens,
+                step_batches=step_batches,
+                num_prefills=after["num_prefills"] - before["num_prefills"],
+                num_extends=after.get("num_extends", 0) - before.get("num_extends", 0),
+                num_decode_steps=num_decode_steps or len(step_batches),
+                rss_mb=rss_mb(),
+                timings={k: v for k, v in timings.items() if isinstance(v, int | float)},
+            )
+        )
+
+    def drain(self, phase: str, max_frames: int) -> int:
+        count = 0
+        while self.num_unfinished and count < max_frames:
+            self.run_frame((), phase)
+            count += 1
+        return count
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def _bound_frame_s(frame: FrameRecord, components: dict[str, object]) -> float:
+    steps = components["decode_step_s"]
+    assert isinstance(steps, dict)
+    largest = max(steps)
+    decode = sum(
+        steps[min(batch, largest)] * max(1, batch / largest) for batch in frame.step_batches
+    )
+    if frame.num_decode_steps > len(frame.step_batches):  # steps the tokens do not show
+        decode += (frame.num_decode_steps - len(frame.step_batches)) * steps[1]
+    return (
+        frame.num_prefills * float(components["prefill_s"])
+        + (float(components["denoise_s"]) if frame.has_actions else 0.0)
+        + frame.num_extends * float(components["extend_s"])
+        + decode
+    )
+
+
+def run_setting(
+    setting: Setting,
+    engine: Engine,
+    components: dict[str, object],
+    args: argparse.Namespace,
+    counter: CompileCounter,
+    budget_s: float,
+) -> dict[str, object]:
+    runner = Runner(engine, setting.method, args.seed)
+    warm = arrival_schedule(setting.arrival, setting.max_tokens, args.warmup_frames, args.seed + 1)
+    for lengths in warm:
+        runner.run_frame(lengths, "warmup")
+    runner.drain("warmup", args.max_drain_frames)
+    compiles_before = counter.count
+    engine_compiles_before = getattr(engine.stats(), "num_compiles", None)
+    rss_before = rss_mb()
+    start = time.perf_counter()
+    for lengths in arrival_schedule(setting.arrival, setting.max_tokens, args.frames, args.seed):
+        runner.run_frame(lengths, "measured")
+    num_drain = runner.drain("drain", args.max_drain_frames)
+    e2e_s = time.perf_counter() - start
+    compiles = counter.count - compiles_before
+    engine_compiles = getattr(engine.stats(), "num_compiles", None)
+    if engine_compiles is not None and engine_compiles_before is not None:
+        engine_compiles -= engine_compiles_before
+
+    measured = [frame for frame in runner.frames if frame.phase == "measured"]
+    served = [frame for frame in runner.frames if frame.phase in ("measured", "drain")]
+    frame_s = [frame.wall_s for frame in measured]
+    action_frames = [frame.wall_s for frame in measured if frame.has_actions]
+    requests = [tracked for tracked in runner.requests.values() if tracked.measured]
+    done = [tracked for tracked in requests if tracked.status in COMPLETED]
+    latency_s = [
+        tracked.finish_s - tracked.arrival_s for tracked in done if tracked.finish_s is not None
+    ]
+    batches = [batch for frame in measured for batch in frame.step_batches]
+    measured_tokens = sum(frame.num_tokens for frame in measured)
+    expected_tokens = sum(tracked.max_tokens for tracked in requests)
+    generated_tokens = sum(tracked.num_tokens for tracked in requests)
+    bound_measured_s = sum(_bound_frame_s(frame, components) for frame in measured)
+    bound_e2e_s = sum(_bound_frame_s(frame, components) for frame in served)
+    horizon = engine.config.model.action_horizon
+    result: dict[str, object] = {
+        **dataclasses.asdict(setting),
+        "label": setting.label,
+        "num_frames": len(measured),
+        "num_drain_frames": num_drain,
+        "num_requests": len(requests),
+        "num_finished": len(done),
+        "statuses": dict(collections.Counter(str(tracked.status) for tracked in requests)),
+        "deterministic_lengths": generated_tokens == expected_tokens,
+        "tokens_generated": generated_tokens,
+        "tokens_expected": expected_tokens,
+        "frame_ms_mean": 1e3 * statistics.fmean(frame_s),
+        "frame_ms_p50": 1e3 * _percentile(frame_s, 50),
+        "frame_ms_p99": 1e3 * _percentile(frame_s, 99),
+        "action_hz": horizon / statistics.fmean(action_frames) if action_frames else 0.0,
+        "tokens_per_s": measured_tokens / sum(frame_s),
+        "latency_ms_p50": 1e3 * _percentile(latency_s, 50) if latency_s else None,
+        "latency_ms_p99": 1e3 * _percentile(latency_s, 99) if latency_s else None,
+        "mean_batch": statistics.fmean(batches) if batches else 0.0,
+        "compiles_after_warmup": compiles,
+        "engine_compiles_after_warmup": engine_compiles,
+        "peak_rss_mb": max([rss_before] + [frame.rss_mb for frame in served]),
+        "e2e_s": e2e_s,
+        "bound_e2e_s": bound_e2e_s,
+        "gap": e2e_s / bound_e2e_s if bound_e2e_s > 0 else None,
+        "bound_action_hz": horizon * len(measured) / bound_measured_s,
+        "bound_tokens_per_s": measured_tokens / bound_measured_s,
+        "num_prefills": sum(frame.num_prefills for frame in served),
+        "num_decode_steps": sum(frame.num_decode_steps for frame in served),
+    }
+    if setting.method == "deadline":
+        result["budget_ms"] = 1e3 * budget_s
+        result["budget_action_hz"] = horizon / budget_s
+        result["p99_over_budget"] = float(np.percentile(frame_s, 99)) / budget_s
+    timing_keys = sorted({key for frame in measured for key in frame.timings})
+    result["timings_ms_mean"] = {
+        key: 1e3 * statistics.fmean(float(frame.timings.get(key, 0.0)) for frame in measured)
+        for key in timing_keys
+        if key.endswith("_s")
+    }
+    # The engine's own view of its decode batches, next to the reconstruction above.
+    engine_steps = [float(frame.timings.get("num_decode_steps", 0)) for frame in measured]
+    engine_batch = [float(frame.timings.get("mean_batch_size", 0.0)) for frame in measured]
+    if sum(engine_steps) > 0:
+        weighted = sum(s * b for s, b in zip(engine_steps, engine_batch, strict=True))
+        result["engine_mean_batch"] = weighted / sum(engine_steps)
+    return result
+
+
+# ------------------------------------------------------------------------------------------
+# Grid, table, plot.
+
+
+def grid(args: argparse.Namespace) -> list[Setting]:
+    settings = []
+    for n in args.denoise_steps:
+        for arrival in args.arrivals:
+            lengths: list[int | None] = [None] if arrival == "mixed" else list(args.max_tokens)
+            for m in lengths:
+                for method in args.methods:
+                    settings.append(Setting(method, n, m, arrival))
+    return settings
+
+
+def add_speedups(results: list[dict[str, object]]) -> None:
+    def key(r: dict[str, object]) -> tuple[object, ...]:
+        return (r["denoise_steps"], r["max_tokens"], r["arrival"])
+
+    isolated = {key(r): r for r in results if r["method"] == "isolated"}
+    for r in results:
+        base = isolated.get(key(r))
+        if base is None:
+            r["speedup"] = r["act_speedup"] = r["bound_speedup"] = None
+            continue
+        r["speedup"] = base["e2e_s"] / r["e2e_s"]  # type: ignore[operator]
+        r["act_speedup"] = r["action_hz"] / base["action_hz"]  # type: ignore[operator]
+        r["bound_speedup"] = base["bound_e2e_s"] / r["bound_e2e_s"]  # type: ignore[operator]
+
+
+COLUMNS = (
+    ("method", "method", "{}"),
+    ("N", "denoise_steps", "{}"),
+    ("M", "max_tokens", "{}"),
+    ("arr", "arrival", "{}"),
+    ("fr_mean", "frame_ms_mean", "{:.0f}"),
+    ("fr_p50", "frame_ms_p50", "{:.0f}"),
+    ("fr_p99", "frame_ms_p99", "{:.0f}"),
+    ("act_Hz", "action_hz", "{:.1f}"),
+    ("tok/s", "tokens_per_s", "{:.0f}"),
+    ("lat_p50", "latency_ms_p50", "{:.0f}"),
+    ("lat_p99", "latency_ms_p99", "{:.0f}"),
+    ("batch", "mean_batch", "{:.1f}"),
+    ("comp", "compiles_after_warmup", "{}"),
+    ("rss_MB", "peak_rss_mb", "{:.0f}"),
+    ("e2e_s", "e2e_s", "{:.2f}"),
+    ("bound_s", "bound_e2e_s", "{:.2f}"),
+    ("gap", "gap", "{:.2f}"),
+    ("speedup", "speedup", "{:.2f}"),
+)
+
+
+def format_table(results: list[dict[str, object]]) -> str:
+    rows = [[title for title, _, _ in COLUMNS]]
+    for r in results:
+        row = []
+        for _, key, fmt in COLUMNS:
+            value = r.get(key)
+            if key == "max_tokens" and value is None:
+                value = "5|20"
+            row.append("-" if value is None else fmt.format(value))
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = [
+        "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
+        for row in rows
+    ]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def plot(results: list[dict[str, object]], path: pathlib.Path, title: str) -> None:
+    """Action frequency vs tokens/s, one panel per N; hollow markers: the computed bound."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = sorted({int(r["denoise_steps"]) for r in results}) or [0]  # type: ignore[call-overload]
+    fig, axes = plt.subplots(
+        1, len(steps), figsize=(6.5 * len(steps), 5.0), squeeze=False, sharey=True
+    )
+    markers = dict(zip(METHODS, "osD^v*", strict=True))
+    colors = dict(zip(METHODS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    for ax, n in zip(axes[0], steps, strict=True):
+        for method in METHODS:
+            points = [r for r in results if r["method"] == method and r["denoise_steps"] == n]
+            if not points:
+                continue
+            style = {"marker": markers[method], "color": colors[method]}
+            ax.scatter(
+                [r["tokens_per_s"] for r in points],
+                [r["action_hz"] for r in points],
+                label=method,
+                alpha=0.85,
+                **style,
+            )
+            ax.scatter(
+                [r["bound_tokens_per_s"] for r in points],
+                [r["bound_action_hz"] for r in points],
+                facecolors="none",
+                edgecolors=colors[method],
+                marker=markers[method],
+                alpha=0.5,
+            )
+        ax.set_xlabel("language throughput [tokens/s]")
+        ax.set_title(f"{title}, N={n} denoise steps (hollow: bound)", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("action frequency [Hz] (horizon / frame time)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny preset, 4 settings, < 60 s")
+    parser.add_argument("--preset", default=None, help="tiny (default) or pi05")
+    parser.add_argument("--checkpoint-dir", default="", help="openpi checkpoint (pi05)")
+    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=None)
+    parser.add_argument("--denoise-steps", nargs="+", type=int, default=None)
+    parser.add_argument("--max-tokens", nargs="+", type=int, default=None)
+    parser.add_argument("--arrivals", nargs="+", choices=ARRIVALS, default=None)
+    parser.add_argument("--frames", type=int, default=None, help="measured frames per setting")
+    parser.add_argument("--warmup-frames", type=int, default=None)
+    parser.add_argument("--max-drain-frames", type=int, default=2000)
+    parser.add_argument("--slots", type=int, default=8, help="cache request slots")
+    parser.add_argument("--prefixes", type=int, default=8, help="cache stored prefixes")
+    parser.add_argument("--max-waiting", type=int, default=4096, help="scheduler queue bound")
+    parser.add_argument(
+        "--deadline-factor",
+        type=float,
+        default=1.5,
+        help="deadline budget = factor x measured (prefill + denoise)",
+    )
+    parser.add_argument("--component-runs", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    quick = args.quick
+    defaults = {
+        "preset": "tiny",
+        "methods": ["isolated", "shared_kv", "cb_k5", "deadline"] if quick else list(METHODS),
+        "denoise_steps": [10] if quick else [5, 10],
+        "max_tokens": [30] if quick else [10, 30],
+        "arrivals": ["u1"] if quick else list(ARRIVALS),
+        "frames": 12 if quick else 30,
+        "warmup_frames": 3 if quick else 5,
+        "component_runs": 3 if quick else 10,
+    }
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)
+    counter = CompileCounter()
+    started = time.perf_counter()
+    settings = grid(args)
+    models: dict[int, Pi05Model] = {}
+    components: dict[int, dict[str, object]] = {}
+    budgets: dict[int, float] = {}
+    results: list[dict[str, object]] = []
+    skipped: list[str] = []
+    for setting in settings:
+        n = setting.denoise_steps
+        if n not in models:
+            model_config = dataclasses.replace(get_model_config(args.preset), num_denoise_steps=n)
+            if args.checkpoint_dir:
+                from oxygen_ros.engine.checkpoint import load_params
+
+                models[n] = load_params(args.checkpoint_dir, model_config)
+            else:
+                models[n] = create_model(model_config, args.seed)
+            probe = make_engine(args.preset, models[n], Setting("isolated", n, 1, "u1"), args, 1.0)
+            assert probe is not None
+            components[n] = measure_components(probe, args.seed, args.component_runs)
+            print(
+                f"[{time.perf_counter() - started:6.1f} s] N={n}: model built, components "
+                f"measured (prefill {1e3 * float(components[n]['prefill_s']):.0f} ms)",
+                file=sys.stderr,
+                flush=True,
+            )
+            fixed = float(components[n]["prefill_s"]) + float(components[n]["denoise_s"])
+            budgets[n] = args.deadline_factor * fixed
+        engine = make_engine(args.preset, models[n], setting, args, budgets[n])
+        if engine is None:
+            skipped.append(setting.label)
+            print(
+                f"skip {setting.label}: this engine cannot run {setting.method}", file=sys.stderr
+            )
+            continue
+        result = run_setting(setting, engine, components[n], args, counter, budgets[n])
+        results.append(result)
+        print(
+            f"[{time.perf_counter() - started:6.1f} s] {setting.label}: "
+            f"frame {result['frame_ms_mean']:.0f} ms, {result['tokens_per_s']:.0f} tok/s, "
+            f"e2e {result['e2e_s']:.2f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+        del engine
+    add_speedups(results)
+
+    mode = "quick" if args.quick else "full"
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"oxygen_bench_{mode}_{args.preset}"
+    headline = next(
+        (r for r in results if all(r[k] == v for k, v in HEADLINE.items())),
+        None,
+    )
+    best = max(
+        (r for r in results if r.get("speedup") is not None and r["method"] != "isolated"),
+        key=lambda r: r["speedup"],  # type: ignore[arg-type, return-value]
+        default=None,
+    )
+    document = {
+        "benchmark": "oxygen_bench",
+        "mode": mode,
+        "preset": args.preset,
+        "args": {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items()},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "jax": jax.__version__,
+            "jax_backend": jax.default_backend(),
+            "devices": [str(d) for d in jax.devices()],
+        },
+        "definitions": {
+            "speedup": "e2e_s(isolated) / e2e_s(method), same N, M, arrivals",
+            "act_speedup": "action_hz(method) / action_hz(isolated) (OxyGen's frequency ratio)",
+            "e2e_s": "wall time of measured + drain frames: all measured frames' actions and "
+            "all requests that arrived in them, to their last token",
+            "bound_e2e_s": "sum over the executed frames of component times measured alone",
+            "gap": "e2e_s / bound_e2e_s",
+        },
+        "eos_disabled_by": "LanguageRequest.ignore_eos"
+        if "ignore_eos" in _request_fields()
+        else "tokenizer proxy (engine.tokenizer.eos_id = -1)",
+        "components": {
+            str(n): {**c, "budget_s": budgets[n], "budget_action_hz": None}
+            for n, c in components.items()
+        },
+        "results": results,
+        "skipped": skipped,
+        "headline": headline,
+        "best_speedup": None
+        if best is None
+        else {"label": best["label"], "speedup": best["speedup"]},
+        "max_rss_mb": max_rss_mb(),
+        "wall_s": time.perf_counter() - started,
+    }
+    for n, c in document["components"].items():  # type: ignore[union-attr]
+        c["budget_action_hz"] = get_model_config(args.preset).action_horizon / budgets[int(n)]
+    json_path = stem.with_suffix(".json")
+    json_path.write_text(json.dumps(document, indent=2) + "\n")
+    png_path = stem.with_suffix(".png")
+    plot(results, png_path, f"oxygen_bench {mode}, preset {args.preset}")
+
+    print(format_table(results))
+    print(f"results: {json_path}  plot: {png_path}  ({document['wall_s']:.0f} s)")
+    if best is not None:
+        print(f"best speedup over the grid: {best['speedup']:.2f}x ({best['label']})")
+    speedup = headline.get("speedup") if headline is not None else None
+    print(f"speedup_vs_isolated={'nan' if speedup is None else f'{speedup:.2f}'}")
+
+
+if __name__ == "__main__":
+    main()

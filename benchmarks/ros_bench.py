@@ -1,0 +1,350 @@
+"""ROS-level benchmark of the humanoid graph (sim sensors -> perception -> inference).
+
+Measures, with real node processes over DDS on this machine:
+- `/oxygen/actions` publish rate and period jitter, without and with language load
+  (narration every 1 s, memory every 2 s, instructions starting subtask requests);
+- observation -> first action chunk latency: for each new chunk, the DDS source time of its
+  first publish minus its observation stamp (sensor stamp, through perception and the engine);
+- first speech token latency after an instruction (instruction published -> first SpeechToken
+  of the subtask request it started, as received here).
+
+Period jitter is |period - 1/rate| between consecutive arrivals (DDS receive timestamps, what
+a consumer sees). Writes JSON (default benchmarks/results/) and prints a table; the last line
+is `action_rate_hz=<x> jitter_p99_ms=<y> obs_to_action_p99_ms=<z>` for the language-load phase.
+
+Usage: `python benchmarks/ros_bench.py [--quick] [--preset tiny] [--out FILE]`
+(`benchmarks/ros_quick` sets everything up and runs the quick mode, under 60 s once set up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short phases (under 60 s)")
+    parser.add_argument("--preset", default="tiny", help="engine preset (tiny, pi05)")
+    parser.add_argument("--checkpoint-dir", default="", help="openpi checkpoint for pi05")
+    parser.add_argument(
+        "--phase-s",
+        type=float,
+        default=0.0,
+        help="seconds per measured phase (default 5 quick, 20 full)",
+    )
+    parser.add_argument(
+        "--instructions",
+        type=int,
+        default=0,
+        help="instructions for the speech latency (default 3 quick, 10 full)",
+    )
+    parser.add_argument("--out", default="", help="JSON output path")
+    parser.add_argument("--startup-timeout-s", type=float, default=300.0)
+    return parser.parse_args(argv)
+
+
+def percentile(values, q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+class Bench:
+    """The graph's processes plus a measuring node in this process."""
+
+    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+        import rclpy
+        from rclpy.executors import SingleThreadedExecutor
+        from std_msgs.msg import String
+
+        from oxygen_ros import graph
+        from oxygen_ros.msg import ActionChunk, SpeechToken
+        from oxygen_ros.nodes.runtime import LATCHED_QOS, RELIABLE_QOS, SPEECH_QOS
+
+        self.args = args
+        self.workdir = workdir
+        self.lock = threading.Lock()
+        self.actions: list[tuple[float, float, float, int]] = []  # recv, sent, obs stamp, id
+        self.speech: list[tuple[float, object]] = []
+        overrides = {"model_preset": args.preset}
+        if args.checkpoint_dir:
+            overrides["checkpoint_dir"] = args.checkpoint_dir
+        nodes = graph.resolve({"use_sim": "true", **overrides})
+        extra = {
+            "inference": [
+                "-p",
+                f"inference:memory_db_path:={workdir / 'memory.sqlite3'}",
+                "-p",
+                "inference:narration_period_s:=0.0",
+                "-p",
+                "inference:memory_period_s:=0.0",
+            ]
+        }
+        self.procs: list[tuple[str, subprocess.Popen, Path]] = []
+        for node in nodes:
+            log = workdir / f"{node.spec.name}.log"
+            cmd = [
+                sys.executable,
+                "-P",
+                "-m",
+                node.spec.module,
+                "--ros-args",
+                *node.ros_arguments(),
+                *extra.get(node.spec.name, []),
+            ]
+            with log.open("wb") as handle:
+                self.procs.append(
+                    (
+                        node.spec.name,
+                        subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT),
+                        log,
+                    )
+                )
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context)
+        self.node = rclpy.create_node("oxygen_ros_bench", context=self.context)
+        self.node.create_subscription(ActionChunk, "oxygen/actions", self._on_action, RELIABLE_QOS)
+        self.node.create_subscription(SpeechToken, "oxygen/speech", self._on_speech, SPEECH_QOS)
+        self.instruction_pub = self.node.create_publisher(
+            String, "oxygen/instruction", LATCHED_QOS
+        )
+        self.string_type = String
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self.thread = threading.Thread(target=self._spin, daemon=True)
+        self.thread.start()
+
+    def _spin(self) -> None:
+        from rclpy.executors import ExternalShutdownException
+
+        with contextlib.suppress(ExternalShutdownException):
+            self.executor.spin()
+
+    def now(self) -> float:
+        return self.node.get_clock().now().nanoseconds * 1e-9
+
+    def _on_action(self, msg, info) -> None:
+        stamp = msg.observation_stamp.sec + msg.observation_stamp.nanosec * 1e-9
+        with self.lock:
+            self.actions.append(
+                (
+                    info["received_timestamp"] * 1e-9,
+                    info["source_timestamp"] * 1e-9,
+                    stamp,
+                    msg.chunk_id,
+                )
+            )
+
+    def _on_speech(self, msg) -> None:
+        with self.lock:
+            self.speech.append((self.now(), msg))
+
+    def wait(self, predicate, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            for name, proc, log in self.procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited ({proc.returncode}); see {log}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+            time.sleep(0.05)
+
+    def set_params(self, **values: float) -> None:
+        from rcl_interfaces.srv import SetParameters
+        from rclpy.parameter import Parameter
+
+        client = self.node.create_client(SetParameters, "/inference/set_parameters")
+        self.wait(client.service_is_ready, 30, "the inference parameter service")
+        request = SetParameters.Request(
+            parameters=[Parameter(k, value=v).to_parameter_msg() for k, v in values.items()]
+        )
+        future = client.call_async(request)
+        self.wait(future.done, 30, "set_parameters reply")
+        for result in future.result().results:
+            if not result.successful:
+                raise RuntimeError(f"set_parameters refused: {result.reason}")
+
+    def measure_actions(self, seconds: float) -> dict:
+        start = self.now()
+        self.wait(
+            lambda: self.actions and self.actions[-1][0] - start >= seconds,
+            seconds + 30,
+            f"{seconds} s of actions",
+        )
+        with self.lock:
+            window = [a for a in self.actions if a[0] >= start]
+        recv = np.array([a[0] for a in window])
+        sent = np.array([a[1] for a in window])
+        rate = (len(recv) - 1) / (recv[-1] - recv[0])
+        nominal = 1.0 / 70.0
+        jitter_ms = np.abs(np.diff(recv) - nominal) * 1e3
+        sent_jitter_ms = np.abs(np.diff(sent) - nominal) * 1e3
+        first_publish: dict[int, tuple[float, float]] = {}
+        for _, published, obs_stamp, chunk_id in window:
+            first_publish.setdefault(chunk_id, (published, obs_stamp))
+        obs_to_action_ms = [(p - o) * 1e3 for p, o in first_publish.values()]
+        return {
+            "seconds": float(recv[-1] - recv[0]),
+            "messages": len(window),
+            "action_rate_hz": float(rate),
+            "jitter_p50_ms": percentile(jitter_ms, 50),
+            "jitter_p99_ms": percentile(jitter_ms, 99),
+            "jitter_max_ms": float(jitter_ms.max()),
+            "publisher_jitter_p99_ms": percentile(sent_jitter_ms, 99),
+            "chunks": len(first_publish),
+            "obs_to_action_p50_ms": percentile(obs_to_action_ms, 50),
+            "obs_to_action_p99_ms": percentile(obs_to_action_ms, 99),
+        }
+
+    def measure_speech_latency(self, count: int, gap_s: float) -> list[float]:
+        from oxygen_ros.msg import SpeechToken
+
+        latencies = []
+        for i in range(count):
+            with self.lock:
+                known = {
+                    m.request_id for _, m in self.speech if m.kind == SpeechToken.KIND_SUBTASK
+                }
+            sent = self.now()
+            self.instruction_pub.publish(self.string_type(data=f"pick up object number {i}"))
+
+            def first_new(known=known):
+                with self.lock:
+                    return next(
+                        (
+                            t
+                            for t, m in self.speech
+                            if m.kind == SpeechToken.KIND_SUBTASK and m.request_id not in known
+                        ),
+                        None,
+                    )
+
+            self.wait(
+                lambda first_new=first_new: first_new() is not None,
+                60,
+                "the instruction's first speech token",
+            )
+            latencies.append((first_new() - sent) * 1e3)
+            time.sleep(gap_s)  # spread the instructions over the phase (load, not a wait)
+        return latencies
+
+    def close(self) -> None:
+        for _, proc, _ in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for _, proc, _ in reversed(self.procs):
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.executor.shutdown(timeout_sec=2)
+        self.node.destroy_node()
+        self.context.try_shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    phase_s = args.phase_s or (5.0 if args.quick else 20.0)
+    instructions = args.instructions or (3 if args.quick else 10)
+    os.environ.setdefault("ROS_DOMAIN_ID", str(random.SystemRandom().randint(1, 101)))
+    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".build" / "jax_cache"))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    workdir = Path(tempfile.mkdtemp(prefix="oxygen_ros_bench_"))
+    os.environ.setdefault("ROS_LOG_DIR", str(workdir / "ros_log"))
+    started = time.monotonic()
+    bench = Bench(args, workdir)
+    try:
+        bench.wait(lambda: len(bench.actions) >= 10, args.startup_timeout_s, "first actions")
+        startup_s = time.monotonic() - started
+        idle = bench.measure_actions(phase_s)
+        bench.set_params(narration_period_s=1.0, memory_period_s=2.0)
+        load_start = bench.now()
+        speech_ms = bench.measure_speech_latency(instructions, gap_s=0.5)
+        remaining = phase_s - (bench.now() - load_start)
+        loaded = bench.measure_actions(max(remaining, 0.0) + phase_s)
+        with bench.lock:
+            finals = sum(1 for t, m in bench.speech if m.final and t >= load_start)
+        loaded["speech_requests_finished"] = finals
+    finally:
+        bench.close()
+    result = {
+        "benchmark": "ros_bench",
+        "mode": "quick" if args.quick else "full",
+        "preset": args.preset,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "startup_s": startup_s,
+        "no_language": idle,
+        "language_load": loaded,
+        "first_speech_token_ms": {
+            "values": speech_ms,
+            "p50": percentile(speech_ms, 50),
+            "max": max(speech_ms),
+        },
+        "logs": str(workdir),
+    }
+    out = (
+        Path(args.out)
+        if args.out
+        else (ROOT / "benchmarks" / "results" / f"ros_bench-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print_table(result, out)
+    return 0
+
+
+def print_table(result: dict, out: Path) -> None:
+    rows = [
+        ("action rate [Hz]", "action_rate_hz", "{:.2f}"),
+        ("period jitter p50 [ms]", "jitter_p50_ms", "{:.2f}"),
+        ("period jitter p99 [ms]", "jitter_p99_ms", "{:.2f}"),
+        ("period jitter max [ms]", "jitter_max_ms", "{:.2f}"),
+        ("publisher jitter p99 [ms]", "publisher_jitter_p99_ms", "{:.2f}"),
+        ("obs -> first action p50 [ms]", "obs_to_action_p50_ms", "{:.1f}"),
+        ("obs -> first action p99 [ms]", "obs_to_action_p99_ms", "{:.1f}"),
+        ("chunks", "chunks", "{}"),
+        ("messages", "messages", "{}"),
+    ]
+    idle, loaded = result["no_language"], result["language_load"]
+    print(
+        f"\nros_bench ({result['mode']}, preset {result['preset']}, "
+        f"{result['machine']['cpus']} CPUs), startup {result['startup_s']:.1f} s"
+    )
+    print(f"{'metric':<30} {'no language':>12} {'language load':>14}")
+    for label, key, fmt in rows:
+        print(f"{label:<30} {fmt.format(idle[key]):>12} {fmt.format(loaded[key]):>14}")
+    speech = result["first_speech_token_ms"]
+    print(
+        f"{'first speech token [ms]':<30} {'':>12} "
+        f"{'p50 {:.0f}, max {:.0f}'.format(speech['p50'], speech['max']):>14}"
+    )
+    print(f"{'speech requests finished':<30} {'':>12} {loaded['speech_requests_finished']:>14}")
+    print(f"json: {out}")
+    print(
+        f"action_rate_hz={loaded['action_rate_hz']:.2f} "
+        f"jitter_p99_ms={loaded['jitter_p99_ms']:.2f} "
+        f"obs_to_action_p99_ms={loaded['obs_to_action_p99_ms']:.1f}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
