@@ -25,6 +25,7 @@ from oxygen_ros.engine.config import (
 )
 from oxygen_ros.engine.types import (
     ActionResult,
+    AddResult,
     EngineStats,
     FrameResult,
     FrameTimings,
@@ -48,6 +49,7 @@ _LAZY = {
 
 __all__ = [
     "ActionResult",
+    "AddResult",
     "CacheConfig",
     "CheckpointError",
     "Engine",

@@ -257,6 +257,11 @@ class FrameScheduler:
         return tuple(self._running)
 
     @property
+    def running_requests(self) -> tuple[Request, ...]:
+        """RUNNING requests, in admission order."""
+        return tuple(self._running.values())
+
+    @property
     def waiting_ids(self) -> tuple[str, ...]:
         """In admission order."""
         return tuple(request.request_id for _, _, request in self._waiting)
@@ -290,7 +295,9 @@ class FrameScheduler:
             max_admit: overrides `config.max_admit_per_frame` for this call (isolated: 1).
         """
         running = list(self._running.values())
-        admitted = self._admit(now, self.config.max_admit_per_frame if max_admit is None else max_admit)
+        admitted = self._admit(
+            now, self.config.max_admit_per_frame if max_admit is None else max_admit
+        )
         prefix_id = None
         admit_slots: list[int] = []
         if admitted:

@@ -11,7 +11,8 @@ Invariants:
 - Requests queued plus in flight never exceed `max_pending`; beyond that `submit` refuses
   with a reason (never an unbounded queue).
 - Every submitted id ends exactly once: through `finish` (the engine reported it finished)
-  or `abort_queued` / `fail` / `drain` (the node ended it), each returning what it removed.
+  or `abort_queued` / `fail_in_flight` / `drain` (the node ended it), each returning what it
+  removed; outputs of ids no longer in flight are not published.
 - Thread-safe: service callbacks submit, the engine thread takes and finishes.
 """
 
@@ -24,7 +25,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 from oxygen_ros.engine.config import (
     CacheConfig,
     EngineConfig,
@@ -32,7 +32,7 @@ from oxygen_ros.engine.config import (
     SchedulerConfig,
     get_model_config,
 )
-from oxygen_ros.engine.types import LanguageRequest, Observation, RequestKind
+from oxygen_ros.engine.types import LanguageRequest, RequestKind
 
 
 def build_engine_config(values: Mapping[str, Any], num_joints: int) -> EngineConfig:
@@ -56,14 +56,19 @@ def build_engine_config(values: Mapping[str, Any], num_joints: int) -> EngineCon
         ),
         memory=dataclasses.replace(defaults.memory, max_tokens=values["memory_max_tokens"]),
     )
-    cache = dataclasses.replace(
-        CacheConfig(), num_slots=values["cache_num_slots"], max_seq_len=values["cache_max_seq_len"]
+    cache = CacheConfig(
+        num_slots=values["cache_num_slots"],
+        num_prefixes=values["cache_num_prefixes"],
+        max_seq_len=values["cache_max_seq_len"],
     )
     scheduler = SchedulerConfig(
         mode=values["scheduler_mode"],
         policy=values["scheduler_policy"],
         decode_steps_per_frame=values["decode_steps_per_frame"],
-        frame_deadline_s=values["frame_deadline_s"],
+        action_rate_hz=values["action_rate_hz"],
+        actions_per_frame=values["actions_per_frame"],
+        frame_deadline_s=values["frame_deadline_s"] or None,
+        max_waiting=values["max_pending_requests"],
     )
     return EngineConfig(
         model=model,
@@ -76,22 +81,6 @@ def build_engine_config(values: Mapping[str, Any], num_joints: int) -> EngineCon
         action_output_dim=num_joints,
         seed=values["seed"],
     )
-
-
-def warmup_frame(config: EngineConfig) -> tuple[Observation, list[LanguageRequest]]:
-    """A blank observation and one request of every kind: one `step` on them compiles every
-    code path before the first real frame (so the first narration does not stall actions)."""
-    model = config.model
-    height, width = model.image_resolution
-    observation = Observation(
-        images={k: np.zeros((height, width, 3), np.uint8) for k in model.image_keys},
-        image_masks={k: False for k in model.image_keys},
-        state=np.zeros(config.action_output_dim or model.action_dim, np.float32),
-        prompt="warm up",
-        stamp=0.0,
-    )
-    requests = [LanguageRequest(kind=k, request_id=f"warmup-{k.value}") for k in RequestKind]
-    return observation, requests
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +101,7 @@ class LanguageQueue:
         self._queued: collections.OrderedDict[str, LanguageRequest] = collections.OrderedDict()
         self._in_flight: dict[str, LanguageRequest] = {}
         self._origin: dict[str, str] = {}
+        self._to_abort: list[str] = []
         self._counts = collections.Counter[RequestKind]()
 
     def submit(
@@ -144,10 +134,6 @@ class LanguageQueue:
                 return None
             return self._origin.pop(request_id, None)
 
-    def fail(self, request_ids: list[str]) -> list[str]:
-        """Ends in-flight requests the engine could not run; returns the ids it ended."""
-        return [rid for rid in request_ids if self.finish(rid) is not None]
-
     def abort_queued(self, kind: RequestKind) -> list[LanguageRequest]:
         """Removes queued (not yet in flight) requests of `kind` and returns them."""
         with self._lock:
@@ -157,6 +143,38 @@ class LanguageQueue:
                 self._origin.pop(r.request_id, None)
             return removed
 
+    def abort_in_flight(self, kind: RequestKind) -> list[str]:
+        """Marks in-flight requests of `kind` for `Engine.abort` (the engine thread takes them
+        with `take_aborts`; they stay in flight until the engine reports them finished)."""
+        with self._lock:
+            ids = [
+                rid
+                for rid, r in self._in_flight.items()
+                if r.kind == kind and rid not in self._to_abort
+            ]
+            self._to_abort.extend(ids)
+            return ids
+
+    def take_aborts(self) -> list[str]:
+        """Request ids to pass to `Engine.abort`, each returned once."""
+        with self._lock:
+            ids, self._to_abort = self._to_abort, []
+            return ids
+
+    def is_in_flight(self, request_id: str) -> bool:
+        with self._lock:
+            return request_id in self._in_flight
+
+    def fail_in_flight(self) -> list[LanguageRequest]:
+        """Ends every in-flight request (an engine fault) and returns them; queued ones stay."""
+        with self._lock:
+            failed = list(self._in_flight.values())
+            self._in_flight.clear()
+            for r in failed:
+                self._origin.pop(r.request_id, None)
+            self._to_abort.clear()
+            return failed
+
     def drain(self) -> list[LanguageRequest]:
         """Removes every queued and in-flight request (shutdown) and returns them."""
         with self._lock:
@@ -164,6 +182,7 @@ class LanguageQueue:
             self._queued.clear()
             self._in_flight.clear()
             self._origin.clear()
+            self._to_abort.clear()
             return drained
 
     def busy(self, kind: RequestKind) -> bool:

@@ -28,6 +28,7 @@ Invariants:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import sys
@@ -65,12 +66,7 @@ from oxygen_ros.nodes.conversions import (
     speech_token_msg,
     time_to_seconds,
 )
-from oxygen_ros.nodes.engine_bridge import (
-    LanguageQueue,
-    RateMeter,
-    build_engine_config,
-    warmup_frame,
-)
+from oxygen_ros.nodes.engine_bridge import LanguageQueue, RateMeter, build_engine_config
 from oxygen_ros.nodes.memory_store import MemoryStore
 from oxygen_ros.nodes.runtime import (
     LATCHED_QOS,
@@ -99,6 +95,7 @@ class InferenceNode(Node):
         self.params = P.NodeParameters(self, P.SHARED + P.INFERENCE)
         p = self.params
         self.exit_code = 0
+        self.stop_requested = False
         self._joint_names = tuple(p["joint_names"])
         try:
             self._engine_config = build_engine_config(p.values(), len(self._joint_names))
@@ -131,6 +128,10 @@ class InferenceNode(Node):
         self._stop = threading.Event()
         self._engine_state = "loading"  # loading | ready | failed
         self._engine_stats: dict[str, object] = {}
+        # Request id -> (observation stamp, prompt) of the frame it was handed to the engine in.
+        self._admitted: dict[str, tuple[float, str]] = {}
+        # Request id -> (tokens, text) streamed so far, for finals the node itself sends.
+        self._streamed: dict[str, tuple[int, str]] = {}
         self._frame_time_s = float("nan")
         self._last_fed: float | None = None  # node time a fresh observation was last used
         self._last_positions: np.ndarray | None = None
@@ -179,6 +180,7 @@ class InferenceNode(Node):
             callback_group=self._io_group,
         )
         self._action_period_s = 1.0 / p["action_rate_hz"]
+        self._tick_lateness: collections.deque[float] = collections.deque(maxlen=512)
         self._action_thread = threading.Thread(
             target=self._action_loop, name="actions", daemon=True
         )
@@ -287,6 +289,7 @@ class InferenceNode(Node):
                 RequestStatus.FINISHED_ABORTED,
                 "superseded by a new instruction",
             )
+        self._queue.abort_in_flight(RequestKind.SUBTASK)  # the engine thread aborts them
         submitted = self._queue.submit(RequestKind.SUBTASK, origin="subtask")
         if not submitted.accepted:
             self._reject("request_refused", f"subtask request refused: {submitted.reason}")
@@ -344,9 +347,9 @@ class InferenceNode(Node):
             engine = Engine(self._engine_config)
             if self.params["warmup"]:
                 started = time.monotonic()
-                engine.step(*warmup_frame(self._engine_config))  # outputs are not published
+                compiled = engine.warmup()  # every code path, so no frame stalls on a compile
                 self.get_logger().info(
-                    f"engine warmed up (every code path compiled) in "
+                    f"engine warmed up: {compiled} compilations in "
                     f"{time.monotonic() - started:.1f} s"
                 )
         except Exception as exc:  # a bad checkpoint or preset must not hang the node silently
@@ -354,7 +357,7 @@ class InferenceNode(Node):
             self.exit_code = 1
             self.get_logger().fatal(f"engine failed to start: {type(exc).__name__}: {exc}")
             self.get_logger().debug(traceback.format_exc())
-            self.context.try_shutdown()  # ends the spin; main() returns exit_code 1
+            self.stop_requested = True  # ends the spin; main() returns exit_code 1
             return
         self._engine_state = "ready"
         self.get_logger().info("engine ready")
@@ -399,26 +402,20 @@ class InferenceNode(Node):
         self._last_positions = np.asarray(observation.state, dtype=np.float64)
         started = now_s(self)
         try:
+            for request_id in self._queue.take_aborts():
+                engine.abort(request_id)  # its final (aborted) output comes with this step
+            for request in requests:
+                self._admitted[request.request_id] = (observation.stamp, prompt)
             result = engine.step(observation, requests)
         except Exception as exc:  # engine fault: log the cause, end its requests, keep serving
-            self.counters["engine_faults"] += 1
-            self.get_logger().error(f"frame failed: {type(exc).__name__}: {exc}")
-            self.get_logger().debug(traceback.format_exc())
-            for request in requests:
-                if self._queue.finish(request.request_id) is not None:
-                    self._publish_final(
-                        request.request_id,
-                        request.kind,
-                        RequestStatus.FINISHED_ERROR,
-                        f"engine fault: {type(exc).__name__}: {exc}",
-                    )
+            self._engine_fault(engine, exc)
             return
         if self._stop.is_set():
             return  # shutting down: close() ends these requests and closes the database
         now = now_s(self)
         self._frame_time_s = now - started
         self.counters["frames_run"] += 1
-        self._engine_stats = dataclasses.asdict(engine.stats())
+        self._engine_stats = flatten_stats(engine.stats())
         if now - observation.stamp <= self.params["watchdog_timeout_s"]:
             self._last_fed = now
         if result.actions is not None:
@@ -426,6 +423,19 @@ class InferenceNode(Node):
         stamp = seconds_to_time(now)
         for output in result.outputs:
             self._publish_output(output, stamp, observation.stamp, prompt)
+
+    def _engine_fault(self, engine, exc: Exception) -> None:
+        """Logs the cause and ends every in-flight request with an error final message."""
+        self.counters["engine_faults"] += 1
+        reason = f"engine fault: {type(exc).__name__}: {exc}"
+        self.get_logger().error(f"frame failed: {type(exc).__name__}: {exc}")
+        self.get_logger().debug(traceback.format_exc())
+        for request in self._queue.fail_in_flight():
+            with contextlib.suppress(Exception):  # free its slot if the engine still can
+                engine.abort(request.request_id)
+            self._publish_final(
+                request.request_id, request.kind, RequestStatus.FINISHED_ERROR, reason
+            )
 
     def _requeue_or_fail(self, requests: list, reason: str) -> None:
         for request in requests:
@@ -444,11 +454,23 @@ class InferenceNode(Node):
     def _publish_output(
         self, output: RequestOutput, stamp, observation_stamp: float, prompt: str
     ) -> None:
+        if not self._queue.is_in_flight(output.request_id):
+            self.counters["outputs_not_in_flight"] += 1  # already ended by the node
+            return
         self._speech_pub.publish(speech_token_msg(output, stamp))
         self._token_rate.add(len(output.new_token_ids))
         if not output.status.finished:
+            count, text = self._streamed.get(output.request_id, (0, ""))
+            self._streamed[output.request_id] = (
+                count + len(output.new_token_ids),
+                text + output.text_delta,
+            )
             return
+        self._streamed.pop(output.request_id, None)
         origin = self._queue.finish(output.request_id)
+        observation_stamp, prompt = self._admitted.pop(
+            output.request_id, (observation_stamp, prompt)
+        )
         if output.status not in SUCCESS:
             self.counters[f"requests_{output.status.name.lower()}"] += 1
             self.get_logger().warning(
@@ -472,7 +494,9 @@ class InferenceNode(Node):
     def _publish_final(
         self, request_id: str, kind: RequestKind, status: RequestStatus, error: str
     ) -> None:
-        output = RequestOutput(request_id, kind, (), "", 0, status, "", error)
+        self._admitted.pop(request_id, None)
+        count, text = self._streamed.pop(request_id, (0, ""))  # what the stream already carried
+        output = RequestOutput(request_id, kind, (), "", count, status, text, error)
         self._speech_pub.publish(speech_token_msg(output, self.get_clock().now().to_msg()))
 
     def _abort_all(self, reason: str) -> None:
@@ -485,6 +509,7 @@ class InferenceNode(Node):
     def _action_loop(self) -> None:
         """Publishes at action_rate_hz on absolute deadlines (a late tick does not shift the
         schedule; a tick more than one period late is dropped and counted)."""
+        self._raise_thread_priority(self.params["action_thread_priority"])
         deadline = time.monotonic()
         while not self._stop.is_set():
             period = self._action_period_s
@@ -497,7 +522,23 @@ class InferenceNode(Node):
                 missed = int(-delay // period)
                 self.counters["action_ticks_missed"] += missed
                 deadline += missed * period
+            self._tick_lateness.append(time.monotonic() - deadline)
             self._on_action_tick()
+
+    def _raise_thread_priority(self, priority: int) -> None:
+        """SCHED_FIFO at `priority` for the calling thread (0: leave it alone). Needs
+        CAP_SYS_NICE (root, or an rtprio limit); without it, warns and stays as it is."""
+        if priority <= 0:
+            return
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+        except (OSError, AttributeError) as exc:
+            self.get_logger().warning(
+                f"action publisher keeps normal scheduling (SCHED_FIFO {priority} refused: "
+                f"{exc}); its timing then depends on the machine's load"
+            )
+            return
+        self.get_logger().info(f"action publisher thread runs SCHED_FIFO priority {priority}")
 
     def _on_action_tick(self) -> None:
         now = now_s(self)
@@ -585,7 +626,10 @@ class InferenceNode(Node):
             "tokens_per_s": self._token_rate.rate(),
             "active_requests": self._queue.num_in_flight,
             "queued_requests": self._queue.num_queued,
-            "cache_slot_occupancy": self._queue.num_in_flight / slots,
+            "cache_occupancy": self._cache_occupancy(slots),
+            "action_tick_late_p99_ms": 1e3 * float(np.percentile(self._tick_lateness, 99))
+            if self._tick_lateness
+            else 0.0,
             "watchdog": self._watchdog_state,
             "memory_entries_total": self._store.last_id(),
             "prompt": self._prompt,
@@ -604,6 +648,12 @@ class InferenceNode(Node):
             )
         ]
         self._diag_pub.publish(array)
+
+    def _cache_occupancy(self, slots: int) -> float:
+        stats = self._engine_stats
+        if stats.get("cache_bytes_total"):
+            return float(stats["cache_bytes_used"]) / float(stats["cache_bytes_total"])
+        return self._queue.num_in_flight / slots
 
     # ================================================================ shutdown
     def close(self) -> None:
@@ -625,6 +675,17 @@ class InferenceNode(Node):
     def engine_busy(self) -> bool:
         """True while the engine thread has not finished (after `close`: stuck in XLA)."""
         return self._engine_thread.is_alive()
+
+
+def flatten_stats(stats: object) -> dict[str, object]:
+    """`EngineStats` (nested dataclasses included) as flat `name: value` pairs."""
+    flat: dict[str, object] = {}
+    for key, value in dataclasses.asdict(stats).items():
+        if isinstance(value, dict):
+            flat.update((f"{key}.{k}", v) for k, v in value.items())
+        elif value is not None:
+            flat[key] = value
+    return flat
 
 
 def main(args: Sequence[str] | None = None) -> int:

@@ -278,34 +278,49 @@ INFERENCE: tuple[ParamSpec, ...] = (
     ),
     ParamSpec(
         "scheduler_mode",
-        "shared_kv",
-        "one prefill per frame, or per task",
+        "continuous",
+        "isolated (prefill per task), shared_kv (one prefill, decode in frame) or continuous "
+        "(one prefill, requests decode across frames)",
         "str",
-        check=one_of("shared_kv", "isolated"),
+        check=one_of("isolated", "shared_kv", "continuous"),
     ),
     ParamSpec(
         "scheduler_policy",
-        "to_completion",
-        "how decoding is spread over frames",
+        "fixed",
+        "continuous mode: fixed decode steps, deadline (frame budget) or to_completion",
         "str",
-        check=one_of("to_completion", "fixed", "deadline"),
+        check=one_of("fixed", "deadline", "to_completion"),
     ),
     ParamSpec(
         "decode_steps_per_frame",
-        8,
+        5,
         "decode steps per frame (fixed policy)",
+        "int",
+        check=int_range(0, 4096),
+    ),
+    ParamSpec(
+        "actions_per_frame",
+        7,
+        "actions executed per chunk: frame budget = this / action_rate_hz (deadline policy)",
         "int",
         check=int_range(1, 4096),
     ),
     ParamSpec(
         "frame_deadline_s",
-        0.1,
-        "decode until the frame is this old (deadline policy)",
+        0.0,
+        "explicit frame budget of the deadline policy (0: from the rates)",
         "float",
-        check=positive,
+        check=non_negative,
     ),
     ParamSpec(
         "cache_num_slots", 8, "concurrently decoding requests", "int", check=int_range(1, 256)
+    ),
+    ParamSpec(
+        "cache_num_prefixes",
+        8,
+        "stored frame prefixes requests can decode from",
+        "int",
+        check=int_range(1, 256),
     ),
     ParamSpec(
         "cache_max_seq_len",
@@ -356,6 +371,13 @@ INFERENCE: tuple[ParamSpec, ...] = (
         "float",
         runtime=True,
         check=positive_rate(1000.0),
+    ),
+    ParamSpec(
+        "action_thread_priority",
+        0,
+        "SCHED_FIFO priority of the action publisher thread (0: normal; needs CAP_SYS_NICE)",
+        "int",
+        check=int_range(0, 99),
     ),
     ParamSpec(
         "action_dt_s", 0.1, "seconds between action rows of a model chunk", "float", check=positive

@@ -91,6 +91,9 @@ def run_node(
     signal sets a flag, the spin loop ends within `SPIN_POLL_S`, `close()` runs with the
     context still valid, and only then is the context shut down.
 
+    A node can end its own spin by setting a truthy `stop_requested` attribute (for example
+    when its engine failed to start).
+
     Returns:
         The exit code: 0 after a signal or an external shutdown.
     """
@@ -119,7 +122,7 @@ def run_node(
         )
         executor.add_node(node)
         try:
-            while not stop.is_set() and rclpy.ok():
+            while not stop.is_set() and rclpy.ok() and not getattr(node, "stop_requested", False):
                 executor.spin_once(timeout_sec=SPIN_POLL_S)
         except ExternalShutdownException:
             pass

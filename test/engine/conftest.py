@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from engine_factories import TINY, make_engine_config, perturb_zero_params
 
-from oxygen_ros.engine.config import EngineConfig
+from oxygen_ros.engine.config import EngineConfig, SchedulerConfig
 from oxygen_ros.engine.model import Pi05Model, create_model
 
 
@@ -27,4 +27,5 @@ def tiny_model() -> Pi05Model:
 
 @pytest.fixture(scope="session")
 def tiny_config() -> EngineConfig:
-    return make_engine_config()
+    """shared_kv mode: every request finishes in the frame it was passed to `step`."""
+    return make_engine_config(scheduler=SchedulerConfig(mode="shared_kv"))

@@ -15,13 +15,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from oxygen_ros.engine.config import EngineConfig, ModelConfig, get_model_config
+from oxygen_ros.engine.config import CacheConfig, EngineConfig, ModelConfig, get_model_config
 from oxygen_ros.engine.model import Pi05Model
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH
 from oxygen_ros.engine.types import LanguageRequest, Observation, RequestKind
 
 TINY = get_model_config("tiny")
 PERTURB_SCALE = 0.1
+# One cache shape for every engine test, so they all share the runner's compilations.
+TEST_CACHE = CacheConfig(num_slots=4, num_prefixes=4, max_seq_len=64)
 
 
 def perturb_zero_params(model: Pi05Model, seed: int, scale: float = PERTURB_SCALE) -> Pi05Model:
@@ -44,8 +46,9 @@ def perturb_zero_params(model: Pi05Model, seed: int, scale: float = PERTURB_SCAL
 
 
 def make_engine_config(model: ModelConfig = TINY, **overrides: object) -> EngineConfig:
-    """Engine config on the bundled tokenizer (no PaliGemma model on CI machines)."""
-    base = EngineConfig(model=model, tokenizer_path=str(BUNDLED_TOKENIZER_PATH))
+    """Engine config on the bundled tokenizer (no PaliGemma model on CI machines) and the
+    shared test cache shape."""
+    base = EngineConfig(model=model, tokenizer_path=str(BUNDLED_TOKENIZER_PATH), cache=TEST_CACHE)
     return dataclasses.replace(base, **overrides)
 
 

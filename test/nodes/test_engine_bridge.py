@@ -65,6 +65,17 @@ def test_concurrent_submits_never_exceed_bound() -> None:
     assert len(accepted) == 50 and len(set(accepted)) == 50
 
 
+def test_abort_in_flight_is_handed_to_the_engine_once() -> None:
+    q = LanguageQueue(max_pending=8)
+    q.submit(RequestKind.SUBTASK)
+    q.submit(RequestKind.NARRATION)
+    q.take()
+    assert q.abort_in_flight(RequestKind.SUBTASK) == ["subtask-1"]
+    assert q.take_aborts() == ["subtask-1"] and q.take_aborts() == []
+    assert q.busy(RequestKind.SUBTASK)  # until the engine reports it finished (aborted)
+    assert q.finish("subtask-1") == "subtask"
+
+
 def test_rate_meter_window() -> None:
     m = RateMeter(window_s=2.0)
     start = m._start
@@ -72,16 +83,3 @@ def test_rate_meter_window() -> None:
         m.add(now=start + 10 + i / 70)
     assert m.rate(now=start + 10 + 2.0) == pytest.approx(70.0, rel=0.01)
     assert m.rate(now=start + 20) == 0.0
-
-
-def test_warmup_frame_covers_every_slot_and_kind() -> None:
-    from oxygen_ros.engine.config import get_engine_config
-    from oxygen_ros.nodes.engine_bridge import warmup_frame
-
-    config = get_engine_config("tiny", action_output_dim=19)
-    observation, requests = warmup_frame(config)
-    assert set(observation.images) == set(config.model.image_keys)
-    assert all(img.shape == (224, 224, 3) for img in observation.images.values())
-    assert observation.state.shape == (19,)
-    assert {r.kind for r in requests} == set(RequestKind)
-    assert all(r.request_id.startswith("warmup-") for r in requests)

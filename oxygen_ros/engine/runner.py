@@ -1,0 +1,186 @@
+"""`Runner`: a frame's schedule as jitted model calls on the `LanguageKVCache`.
+
+The scheduler decides who runs (a `FrameSchedule`); the runner does the device work and
+leaves policy alone:
+- `prefill` / `denoise`: one observation's prefix and its action chunk;
+- `admit`: stores the frame's prefix in the row the scheduler reserved, extends the admitted
+  requests' tails from it and samples each one's first id;
+- `decode_step`: one batched step over ALL slot rows (inactive rows masked), sampling one id
+  per active slot.
+
+Shapes never depend on how many requests are active: the extend always runs `extend_rows`
+rows of `max_tail_len` tokens (padding rows have an empty tail mask and are dropped when the
+tails are written), and a decode step always runs the cache's `num_slots` rows. So after one
+frame with an admission and one decode step (see `Engine.warmup`) nothing compiles again,
+whatever the number (1..num_slots) of active requests.
+
+Invariants:
+- The cache owns every language buffer; the runner only hands them to jitted functions and
+  installs what the donating calls return.
+- Per active slot the cache's next position equals its prefix's valid length plus its
+  length, which is the position `decode_step` derives itself; the runner checks this before
+  each step.
+- Token i of a request is sampled with index i (`Request.num_output_tokens`), so its tokens
+  never depend on which rows, frames or batch it ran with.
+- No clock reads and no policy: the engine times the calls and the scheduler decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import jax
+import numpy as np
+
+from oxygen_ros.engine.kv_cache import LanguageKVCache
+from oxygen_ros.engine.model_fns import JitModel, Prefix, PrefixInputs
+from oxygen_ros.engine.requests import Request
+
+
+class Runner:
+    """Executes prefills, denoising, tail extends and decode steps on one cache."""
+
+    def __init__(
+        self, model: JitModel, cache: LanguageKVCache, *, extend_rows: int, max_tail_len: int
+    ) -> None:
+        """Binds a jitted model to a cache.
+
+        Args:
+            model: the jitted model functions bound to parameters.
+            cache: the language cache whose buffers every language call reads and writes.
+            extend_rows: rows of one batched extend (>= 1); more admissions run in chunks.
+            max_tail_len: tokens of a padded tail (<= the cache's max_seq_len).
+        """
+        if extend_rows < 1:
+            raise ValueError("extend_rows must be >= 1")
+        if not 1 <= max_tail_len <= cache.max_seq_len:
+            raise ValueError(f"max_tail_len must be in [1, {cache.max_seq_len}]")
+        self.model = model
+        self.cache = cache
+        self.extend_rows = extend_rows
+        self.max_tail_len = max_tail_len
+        self._prefix_valid_len = np.zeros(cache.layout.num_prefixes, np.int32)
+
+    # ----------------------------------------------------------------------------------------
+    # Actions.
+
+    def prefill(self, inputs: PrefixInputs) -> Prefix:
+        """The prefix kv of a batch-1 observation (waited for)."""
+        return jax.block_until_ready(self.model.prefill(inputs))
+
+    def denoise(self, prefix: Prefix, noise: np.ndarray) -> np.ndarray:
+        """Normalised action chunk `[1, A, J]` from `prefix` and `noise` (waited for)."""
+        return np.asarray(self.model.denoise(prefix, noise))
+
+    # ----------------------------------------------------------------------------------------
+    # Language.
+
+    def num_extends(self, num_admitted: int) -> int:
+        """Batched extends `admit` runs for `num_admitted` requests."""
+        return -(-num_admitted // self.extend_rows)
+
+    def admit(
+        self, prefix: Prefix, prefix_id: int, admitted: Sequence[tuple[int, Request]]
+    ) -> list[int]:
+        """Stores `prefix` in row `prefix_id`, extends the admitted tails, samples first ids.
+
+        Args:
+            prefix: the frame's batch-1 prefix (from `prefill`).
+            prefix_id: the row the scheduler reserved for this frame.
+            admitted: (slot, request) per admitted request; each slot is allocated on
+                `prefix_id` and not active yet.
+
+        Returns:
+            The first sampled id of each admitted request, in order (an EOS id included:
+            the caller's request bookkeeping decides what it means).
+        """
+        cache = self.cache
+        cache.write_prefix(prefix_id, prefix.k, prefix.v, prefix.mask)
+        valid_len = int(np.asarray(prefix.mask).sum())
+        self._prefix_valid_len[prefix_id] = valid_len
+        first_ids: list[int] = []
+        rows, tail_len = self.extend_rows, self.max_tail_len
+        for start in range(0, len(admitted), rows):
+            chunk = admitted[start : start + rows]
+            tokens = np.zeros((rows, tail_len), np.int32)
+            mask = np.zeros((rows, tail_len), bool)
+            temperature = np.zeros((rows,), np.float32)
+            seeds = np.zeros((rows,), np.int32)
+            indices = np.zeros((rows,), np.int32)
+            for row, (slot, request) in enumerate(chunk):
+                if cache.slot_prefix(slot) != prefix_id or cache.is_active(slot):
+                    raise ValueError(f"slot {slot} is not a fresh slot on prefix {prefix_id}")
+                num_tail = request.num_prompt_tokens
+                if num_tail > tail_len:
+                    raise ValueError(
+                        f"request {request.request_id}: tail of {num_tail} ids exceeds "
+                        f"max_tail_len={tail_len}"
+                    )
+                tokens[row, :num_tail] = request.prompt_token_ids
+                mask[row, :num_tail] = True
+                temperature[row] = request.temperature
+                seeds[row] = request.seed
+                indices[row] = request.num_output_tokens
+            prefix_rows = np.full((rows,), prefix_id, np.int32)
+            tail_k, tail_v, logits = self.model.extend(
+                cache.prefix_store, prefix_rows, tokens, mask
+            )
+            cache.write_tails(
+                [slot for slot, _ in chunk],
+                tail_k,
+                tail_v,
+                [request.num_prompt_tokens for _, request in chunk],
+                [valid_len] * len(chunk),
+            )
+            sampled = np.asarray(self.model.sample_tokens(logits, temperature, seeds, indices))
+            first_ids += [int(token) for token in sampled[: len(chunk)]]
+        return first_ids
+
+    def decode_step(self, running: Mapping[int, Request]) -> dict[int, int]:
+        """One batched decode step over every slot row.
+
+        Args:
+            running: slot -> request for exactly the cache's active slots; each request has
+                at least one output id (its last one is fed).
+
+        Returns:
+            slot -> the id sampled for it.
+        """
+        cache = self.cache
+        num_slots = cache.num_slots
+        active_slots = cache.active_slots()
+        if sorted(running) != active_slots:
+            raise RuntimeError(f"running slots {sorted(running)} != active slots {active_slots}")
+        tokens = np.zeros((num_slots,), np.int32)
+        temperature = np.zeros((num_slots,), np.float32)
+        seeds = np.zeros((num_slots,), np.int32)
+        indices = np.zeros((num_slots,), np.int32)
+        for slot, request in running.items():
+            if not request.output_token_ids:
+                raise RuntimeError(f"request {request.request_id} has no id to feed")
+            expected = self._prefix_valid_len[cache.slot_prefix(slot)] + cache.slot_length(slot)
+            if cache.slot_position(slot) != expected:
+                raise RuntimeError(
+                    f"slot {slot}: cache position {cache.slot_position(slot)} != {expected}"
+                )
+            tokens[slot] = request.output_token_ids[-1]
+            temperature[slot] = request.temperature
+            seeds[slot] = request.seed
+            indices[slot] = request.num_output_tokens
+        slot_arrays = cache.slot_arrays()
+        sampled, gen_k, gen_v = self.model.decode_sample(
+            cache.prefix_store,
+            slot_arrays.prefix_index,
+            cache.gen_k,
+            cache.gen_v,
+            slot_arrays.length,
+            tokens,
+            slot_arrays.active,
+            temperature,
+            seeds,
+            indices,
+        )
+        cache.replace_gen(gen_k, gen_v)
+        cache.advance()
+        sampled = np.asarray(sampled)
+        return {slot: int(sampled[slot]) for slot in running}
