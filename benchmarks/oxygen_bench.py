@@ -21,6 +21,9 @@ per frame (`u0.5`, `u1`, `u2`), Poisson with mean 1 (`poisson`), and `mixed` (on
 lengths drawn from {5, 20}; M is then "5|20"). Every request decodes exactly its max tokens
 (EOS disabled for benchmark requests), greedy, so all methods do the same language work.
 
+Settings that share N, M and arrivals run interleaved, one frame of each method in turn, so
+load changes on a shared machine hit every method alike; each method keeps its own clock
+(the sum of its own frame times), and latencies are read on it.
 Protocol per setting: `Engine.warmup()` (compiles), then `--warmup-frames` frames with the
 same arrival pattern to reach a steady state (excluded from every metric; requests they
 started may still decode during the measured window, so continuous methods carry that extra
@@ -31,11 +34,13 @@ Metrics:
 - action_hz: action horizon / mean frame time, over measured frames that produced actions;
 - tokens_per_s: tokens emitted in the measured frames / their summed time;
 - latency p50/p99: request arrival (start of the frame it was submitted in) -> end of the frame
-  that returned its last token, true end to end (waiting across frames counts);
+  that returned its last token, true end to end (waiting across frames counts), on the
+  method's own clock;
 - mean_batch: mean active requests per decode step (reconstructed from per-frame tokens);
-- compiles: XLA compilations during measured + drain frames (`Engine.stats().num_compiles`,
-  counted through JAX's backend-compile monitoring event);
-- peak_rss_mb: peak resident memory of this process during the setting (psutil);
+- compiles: XLA compilations inside this method's measured + drain engine calls (the
+  engine's counter, `oxygen_ros.engine.compiles`: JAX's backend-compile monitoring event);
+- peak_rss_mb: peak resident memory of this process while the setting's interleaved group
+  ran (psutil, sampled after every frame); cache_mb: the engine's fixed language cache;
 - e2e_s: time to serve the measured frames' action chunks and every request that arrived in
   them, to its last token: the measured frames' wall time plus the language time
   (`FrameTimings.language_s`) of the drain frames after them (a drain frame's prefill and
@@ -66,6 +71,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -87,7 +93,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
-from oxygen_ros.engine import prompts  # noqa: E402
+from oxygen_ros.engine import compiles, prompts  # noqa: E402
 from oxygen_ros.engine.config import ModelConfig, get_engine_config, get_model_config  # noqa: E402
 from oxygen_ros.engine.engine import Engine, observation_to_inputs  # noqa: E402
 from oxygen_ros.engine.model import Pi05Model, create_model  # noqa: E402
@@ -180,7 +186,7 @@ def make_observation(config_model: ModelConfig, frame: int, seed: int) -> Observ
 
 
 # ------------------------------------------------------------------------------------------
-# Engine construction: adapts to the scheduler fields the engine config has.
+# Engine construction: one scheduler configuration per method.
 
 
 def scheduler_overrides(setting: Setting, budget_s: float, max_waiting: int) -> dict[str, object]:
@@ -294,6 +300,7 @@ def measure_components(engine: Engine, seed: int, runs: int) -> dict[str, object
         )
         return sampled
 
+    engine.warmup()
     action_frames = []  # median whole frame without requests: the deadline budget's base
     for frame in range(max(runs, 3)):
         action_frames.append(
@@ -340,6 +347,7 @@ class FrameRecord:
     num_prefills: int
     num_extends: int
     num_decode_steps: int  # from engine stats
+    num_compiles: int  # XLA compilations during this engine call
     rss_mb: float
     timings: dict[str, object]
 
@@ -362,6 +370,7 @@ class Runner:
         self.seed = seed
         self.requests: dict[str, Tracked] = {}
         self.frames: list[FrameRecord] = []
+        self.clock_s = 0.0  # this engine's own time: the sum of its frames' wall times
         self._frame = 0
         self._next_id = 0
 
@@ -373,15 +382,19 @@ class Runner:
         engine = self.engine
         observation = make_observation(engine.config.model, self._frame, self.seed)
         before = engine_counters(engine)
-        start = time.perf_counter()
         specs = []
         for max_tokens in lengths:
             request_id = f"bench-{self._next_id}"
             self._next_id += 1
-            self.requests[request_id] = Tracked(max_tokens, start, phase == "measured")
+            self.requests[request_id] = Tracked(max_tokens, self.clock_s, phase == "measured")
             specs.append(make_request(request_id, max_tokens))
+        compiles_before = compiles.num_compiles()
+        start = time.perf_counter()
         result = engine.step(observation, specs)  # adds them, then runs the frame
-        end = time.perf_counter()
+        wall_s = time.perf_counter() - start
+        num_compiles = compiles.num_compiles() - compiles_before
+        self.clock_s += wall_s
+        end = self.clock_s
         self._frame += 1
         after = engine_counters(engine)
         per_request_steps: list[int] = []
@@ -410,24 +423,18 @@ class Runner:
         self.frames.append(
             FrameRecord(
                 phase=phase,
-                wall_s=end - start,
+                wall_s=wall_s,
                 has_actions=result.actions is not None,
                 num_tokens=num_tokens,
                 step_batches=step_batches,
                 num_prefills=after["num_prefills"] - before["num_prefills"],
                 num_extends=after["num_extends"] - before["num_extends"],
                 num_decode_steps=after["num_decode_steps"] - before["num_decode_steps"],
+                num_compiles=num_compiles,
                 rss_mb=rss_mb(),
                 timings={k: v for k, v in timings.items() if isinstance(v, int | float)},
             )
         )
-
-    def drain(self, phase: str, max_frames: int) -> int:
-        count = 0
-        while self.num_unfinished and count < max_frames:
-            self.run_frame((), phase)
-            count += 1
-        return count
 
 
 def _percentile(values: Sequence[float], q: float) -> float | None:
@@ -459,29 +466,52 @@ def _bound_frame_s(frame: FrameRecord, components: dict[str, object]) -> float:
     return frame.num_prefills * float(components["prefill_s"]) + actions + language
 
 
-def run_setting(
-    setting: Setting,
-    engine: Engine,
-    components: dict[str, object],
+def run_group(
+    settings: Sequence[Setting],
+    engines: Sequence[Engine],
     args: argparse.Namespace,
-    budget_s: float,
-) -> dict[str, object]:
-    engine.warmup()  # compiles; then warm-up frames feed the deadline cost model real costs
-    runner = Runner(engine, setting.method, args.seed)
-    warm = arrival_schedule(setting.arrival, setting.max_tokens, args.warmup_frames, args.seed + 1)
-    for lengths in warm:
-        runner.run_frame(lengths, "warmup")
-    compiles_before = engine.stats().num_compiles
-    rss_before = rss_mb()
-    start = time.perf_counter()
-    for lengths in arrival_schedule(setting.arrival, setting.max_tokens, args.frames, args.seed):
-        runner.run_frame(lengths, "measured")
-    num_drain = runner.drain("drain", args.max_drain_frames)
-    e2e_wall_s = time.perf_counter() - start
-    num_compiles = engine.stats().num_compiles - compiles_before
+) -> tuple[list[Runner], float]:
+    """Runs settings that share N, M and arrivals frame by frame in turn (interleaved).
 
+    Interleaving spreads load changes on a shared machine over every method alike; each
+    runner keeps its own clock (the sum of its own frame times), so latencies are what the
+    method would show running alone. Returns the runners and the group's peak RSS [MiB].
+    """
+    first = settings[0]
+    runners = [Runner(e, s.method, args.seed) for s, e in zip(settings, engines, strict=True)]
+    for engine in engines:
+        engine.warmup()  # compiles; the warm-up frames then feed the cost model real costs
+    peak_rss = rss_mb()
+    warm = arrival_schedule(first.arrival, first.max_tokens, args.warmup_frames, args.seed + 1)
+    for lengths in warm:
+        for runner in runners:
+            runner.run_frame(lengths, "warmup")
+    measured = arrival_schedule(first.arrival, first.max_tokens, args.frames, args.seed)
+    for lengths in measured:
+        for runner in runners:
+            runner.run_frame(lengths, "measured")
+    for _ in range(args.max_drain_frames):
+        pending = [runner for runner in runners if runner.num_unfinished]
+        if not pending:
+            break
+        for runner in pending:
+            runner.run_frame((), "drain")
+    peak_rss = max([peak_rss] + [frame.rss_mb for runner in runners for frame in runner.frames])
+    return runners, peak_rss
+
+
+def summarize(
+    setting: Setting,
+    runner: Runner,
+    components: dict[str, object],
+    budget_s: float,
+    peak_rss: float,
+) -> dict[str, object]:
+    """Metrics of one setting from its runner's frames (see the module docstring)."""
+    engine = runner.engine
     measured = [frame for frame in runner.frames if frame.phase == "measured"]
     served = [frame for frame in runner.frames if frame.phase in ("measured", "drain")]
+    num_drain = sum(1 for frame in served if frame.phase == "drain")
     frame_s = [frame.wall_s for frame in measured]
     action_frames = [frame.wall_s for frame in measured if frame.has_actions]
     requests = [tracked for tracked in runner.requests.values() if tracked.measured]
@@ -516,10 +546,11 @@ def run_setting(
         "latency_ms_p50": 1e3 * _percentile(latency_s, 50) if latency_s else None,
         "latency_ms_p99": 1e3 * _percentile(latency_s, 99) if latency_s else None,
         "mean_batch": statistics.fmean(batches) if batches else 0.0,
-        "compiles_after_warmup": num_compiles,
-        "peak_rss_mb": max([rss_before] + [frame.rss_mb for frame in served]),
+        "compiles_after_warmup": sum(frame.num_compiles for frame in served),
+        "peak_rss_mb": peak_rss,
+        "cache_mb": engine.stats().cache_bytes_total / 2**20,
         "e2e_s": e2e_s,
-        "e2e_wall_s": e2e_wall_s,
+        "e2e_wall_s": sum(frame.wall_s for frame in served),
         "bound_e2e_s": bound_e2e_s,
         "gap": e2e_s / bound_e2e_s if bound_e2e_s > 0 else None,
         "bound_action_hz": horizon * len(measured) / bound_measured_s,
@@ -698,9 +729,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "denoise_steps": [10] if quick else [5, 10],
         "max_tokens": [30] if quick else [10, 30],
         "arrivals": ["u1"] if quick else list(ARRIVALS),
-        "frames": 12 if quick else 30,
+        "frames": 10 if quick else 30,
         "warmup_frames": 3 if quick else 6,
-        "component_runs": 3 if quick else 10,
+        "component_runs": 5 if quick else 10,
     }
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -717,8 +748,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     components: dict[int, dict[str, object]] = {}
     budgets: dict[int, float] = {}
     results: list[dict[str, object]] = []
-    for setting in settings:
-        n = setting.denoise_steps
+    groups = itertools.groupby(settings, key=lambda s: (s.denoise_steps, s.max_tokens, s.arrival))
+    for (n, _, _), group in groups:
+        group_settings = list(group)
         if n not in models:
             model_config = dataclasses.replace(get_model_config(args.preset), num_denoise_steps=n)
             if args.checkpoint_dir:
@@ -729,24 +761,30 @@ def main(argv: Sequence[str] | None = None) -> None:
                 models[n] = create_model(model_config, args.seed)
             probe = make_engine(args.preset, models[n], Setting("isolated", n, 1, "u1"), args, 1.0)
             components[n] = measure_components(probe, args.seed, args.component_runs)
+            del probe
+            budgets[n] = args.deadline_factor * float(components[n]["action_frame_s"])
             print(
                 f"[{time.perf_counter() - started:6.1f} s] N={n}: model built, components "
-                f"measured (prefill {1e3 * float(components[n]['prefill_s']):.0f} ms)",
+                f"measured (prefill {1e3 * float(components[n]['prefill_s']):.0f} ms, "
+                f"deadline budget {1e3 * budgets[n]:.0f} ms)",
                 file=sys.stderr,
                 flush=True,
             )
-            budgets[n] = args.deadline_factor * float(components[n]["action_frame_s"])
-        engine = make_engine(args.preset, models[n], setting, args, budgets[n])
-        result = run_setting(setting, engine, components[n], args, budgets[n])
-        results.append(result)
-        print(
-            f"[{time.perf_counter() - started:6.1f} s] {setting.label}: "
-            f"frame {result['frame_ms_mean']:.0f} ms, {result['tokens_per_s']:.0f} tok/s, "
-            f"e2e {result['e2e_s']:.2f} s",
-            file=sys.stderr,
-            flush=True,
-        )
-        del engine
+        engines = [
+            make_engine(args.preset, models[n], s, args, budgets[n]) for s in group_settings
+        ]
+        runners, peak_rss = run_group(group_settings, engines, args)
+        for setting, runner in zip(group_settings, runners, strict=True):
+            result = summarize(setting, runner, components[n], budgets[n], peak_rss)
+            results.append(result)
+            print(
+                f"[{time.perf_counter() - started:6.1f} s] {setting.label}: "
+                f"frame {result['frame_ms_mean']:.0f} ms, {result['tokens_per_s']:.0f} tok/s, "
+                f"e2e {result['e2e_s']:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        del engines, runners
     add_speedups(results)
 
     mode = "quick" if args.quick else "full"

@@ -211,14 +211,23 @@ class ActionStream:
         return chunk
 
     def slice(self, now: float) -> Slice | None:
-        """The rows to publish at `now`, or None when nothing fresh is left."""
+        """The rows to publish at `now`, or None when nothing fresh is left (`empty_reason`)."""
+        if self.empty_reason(now):
+            return None
         chunk = self._current
-        if chunk is None or now - chunk.observation_stamp > self.config.max_chunk_age_s:
-            return None
         first = chunk.first_row_at_or_after(now)
-        if first >= len(chunk.rows):
-            return None
         return Slice(chunk, first, chunk.start + first * chunk.dt, chunk.rows[first:])
+
+    def empty_reason(self, now: float) -> str:
+        """Why `slice(now)` is None: "no_chunk", "stale", "exhausted"; "" when it is not."""
+        chunk = self._current
+        if chunk is None:
+            return "no_chunk"
+        if now - chunk.observation_stamp > self.config.max_chunk_age_s:
+            return "stale"
+        if chunk.first_row_at_or_after(now) >= len(chunk.rows):
+            return "exhausted"
+        return ""
 
     # ---------------------------------------------------------------- internals
     def _live_previous(self, now: float) -> TimedChunk | None:

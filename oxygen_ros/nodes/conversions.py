@@ -248,10 +248,11 @@ def joint_trajectory_msg(
     msg.header.stamp = seconds_to_time(piece.stamp)
     msg.header.frame_id = frame_id
     msg.joint_names = list(joint_names)
+    rows = np.ascontiguousarray(piece.rows, dtype=np.float64)
     points = []
-    for k, row in enumerate(piece.rows):
+    for k in range(len(rows)):
         point = JointTrajectoryPoint()
-        point.positions = row.astype(np.float64).tolist()
+        point.positions = array.array("d", rows[k].tobytes())
         point.time_from_start = seconds_to_duration(k * piece.chunk.dt)
         points.append(point)
     msg.points = points

@@ -127,6 +127,14 @@ class LanguageQueue:
             self._in_flight.update((r.request_id, r) for r in taken)
             return taken
 
+    def requeue(self, requests: list[LanguageRequest]) -> None:
+        """Puts taken (in-flight) requests back at the front of the queue, in order."""
+        with self._lock:
+            back = [r for r in requests if self._in_flight.pop(r.request_id, None) is not None]
+            for r in reversed(back):
+                self._queued[r.request_id] = r
+                self._queued.move_to_end(r.request_id, last=False)
+
     def finish(self, request_id: str) -> str | None:
         """Marks a request finished; returns its origin (None if it was not in flight)."""
         with self._lock:

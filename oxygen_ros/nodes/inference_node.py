@@ -1,16 +1,18 @@
 """Inference: owns the engine (and so the unified KV cache); publishes actions, speech, memory.
 
-Threads:
-- the engine thread builds the engine, then loops: newest ObservationFrame + queued language
-  requests -> `Engine.step` -> offers the action chunk to the `ActionStream`, publishes the
-  speech tokens, commits memory entries to SQLite and publishes them;
+Threads (the GIL is the scarce resource: a 70 Hz tick must never wait long for it):
+- the engine thread builds and warms up the engine, then loops: newest ObservationFrame +
+  queued language requests -> `Engine.step` -> offers the action chunk to the `ActionStream`,
+  publishes the speech tokens, commits memory entries to SQLite and publishes them. Frames
+  arrive serialized and only the ones it uses are deserialized, here (a 3-camera frame holds
+  the GIL for ~3 ms; doing that 30 times a second in a callback delayed ticks by ~20 ms);
 - the action publisher thread publishes `/oxygen/actions` at `action_rate_hz` on absolute
-  deadlines: a slice of the current chunk re-based to the publish time, never engine work. It
-  is a plain thread rather than a ROS timer because a timer dispatched through the Python
-  executor needs several GIL hand-overs per tick and, next to the engine thread, missed ticks
-  (measured 67 Hz instead of 70); a late tick does not shift the schedule;
-- the executor runs the other callbacks (observation, instruction, services, periodic
-  requests, diagnostics) in one mutually exclusive group.
+  deadlines (SCHED_FIFO when `action_thread_priority` > 0 and permitted): a slice of the
+  current chunk re-based to the publish time, never engine work. A plain thread rather than a
+  ROS timer: a timer dispatched through the Python executor needs several GIL hand-overs per
+  tick and missed ticks next to the engine (measured 67 Hz instead of 70);
+- a single-threaded executor runs the other callbacks (observation bytes, instruction,
+  services, periodic requests, diagnostics).
 
 Invariants:
 - No engine call outside the engine thread; the publisher only slices the current chunk.
@@ -41,6 +43,7 @@ import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.node import Node
+from rclpy.serialization import deserialize_message
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
@@ -84,6 +87,7 @@ ENGINE_WAIT_S = 0.1  # engine thread wakes at least this often to notice shutdow
 ENGINE_JOIN_S = 3.0  # at shutdown, how long to wait for a frame in progress
 HOLD_CHUNK_ID = 2**63  # chunk_id of watchdog hold chunks (model chunks count from 0)
 GIL_SWITCH_INTERVAL_S = 0.0005
+MAX_CATCH_UP_TICKS = 3  # a tick this many periods late is still published, later ones skipped
 SUCCESS = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
 
 
@@ -120,9 +124,11 @@ class InferenceNode(Node):
 
         # State shared with the engine thread (guarded by _cond / _stream_lock).
         self._cond = threading.Condition()
-        self._newest_frame: ObservationFrame | None = None
-        self._newest_frame_key: tuple | None = None
-        self._used_frame_key: tuple | None = None
+        # The newest ObservationFrame, still serialized: only frames the engine uses are
+        # deserialized (in the engine thread; a 3-camera frame holds the GIL for ~3 ms).
+        self._newest_frame: bytes | None = None
+        self._newest_frame_key = 0  # frames received so far
+        self._used_frame_key = 0
         self._prompt = self._clean_instruction(p["default_instruction"]) or ""
         self._stream_lock = threading.Lock()
         self._stop = threading.Event()
@@ -137,6 +143,7 @@ class InferenceNode(Node):
         self._last_positions: np.ndarray | None = None
         self._watchdog_state = "starting"  # starting | ok | tripped
         self._action_sequence = 0
+        self._trajectory_chunk: int | None = None  # chunk_id of the last JointTrajectory
 
         # Publishers.
         self._io_group = MutuallyExclusiveCallbackGroup()
@@ -159,6 +166,7 @@ class InferenceNode(Node):
             self._on_frame,
             OBSERVATION_QOS,
             callback_group=self._io_group,
+            raw=True,
         )
         self.create_subscription(
             String,
@@ -248,11 +256,10 @@ class InferenceNode(Node):
                 self._stream.reconfigure(self._stream_config())
 
     # ================================================================ inputs
-    def _on_frame(self, msg: ObservationFrame) -> None:
-        key = (msg.sequence, msg.header.stamp.sec, msg.header.stamp.nanosec)
+    def _on_frame(self, data: bytes) -> None:
         with self._cond:
-            self._newest_frame = msg
-            self._newest_frame_key = key
+            self._newest_frame = data
+            self._newest_frame_key += 1
             self._cond.notify_all()
         self.counters["frames_received"] += 1
 
@@ -366,7 +373,7 @@ class InferenceNode(Node):
             if work is not None:
                 self._run_frame(engine, *work)
 
-    def _next_work(self) -> tuple[ObservationFrame, str, list] | None:
+    def _next_work(self) -> tuple[bytes, str, list] | None:
         """Waits for a new frame (or queued requests and any frame); takes them."""
         with self._cond:
             self._cond.wait_for(
@@ -390,14 +397,19 @@ class InferenceNode(Node):
             frame, prompt = self._newest_frame, self._prompt
         return frame, prompt, self._queue.take()
 
-    def _run_frame(self, engine, frame: ObservationFrame, prompt: str, requests: list) -> None:
+    def _run_frame(self, engine, data: bytes, prompt: str, requests: list) -> None:
         try:
+            frame = deserialize_message(data, ObservationFrame)
             observation = observation_from_msg(
                 frame, prompt, self._image_keys, self._joint_names, self._resolution
             )
         except RejectedFrameError as exc:
             self._reject(f"frame_{exc.reason}", f"observation frame rejected: {exc}")
-            self._requeue_or_fail(requests, f"observation rejected: {exc}")
+            self._queue.requeue(requests)  # they run on the next good frame
+            return
+        except (ValueError, TypeError, RuntimeError) as exc:  # undecodable bytes
+            self._reject("frame_undecodable", f"observation frame undecodable: {exc}")
+            self._queue.requeue(requests)
             return
         self._last_positions = np.asarray(observation.state, dtype=np.float64)
         started = now_s(self)
@@ -436,13 +448,6 @@ class InferenceNode(Node):
             self._publish_final(
                 request.request_id, request.kind, RequestStatus.FINISHED_ERROR, reason
             )
-
-    def _requeue_or_fail(self, requests: list, reason: str) -> None:
-        for request in requests:
-            if self._queue.finish(request.request_id) is not None:
-                self._publish_final(
-                    request.request_id, request.kind, RequestStatus.FINISHED_ERROR, reason
-                )
 
     def _offer_chunk(self, actions: np.ndarray, observation_stamp: float, now: float) -> None:
         try:
@@ -507,8 +512,10 @@ class InferenceNode(Node):
 
     # ================================================================ action publisher
     def _action_loop(self) -> None:
-        """Publishes at action_rate_hz on absolute deadlines (a late tick does not shift the
-        schedule; a tick more than one period late is dropped and counted)."""
+        """Publishes at action_rate_hz on absolute deadlines: a late tick does not shift the
+        schedule, and ticks up to `MAX_CATCH_UP_TICKS` periods late are still published (each
+        re-based to its actual time); later than that the schedule restarts from now and the
+        skipped ticks are counted."""
         self._raise_thread_priority(self.params["action_thread_priority"])
         deadline = time.monotonic()
         while not self._stop.is_set():
@@ -518,7 +525,7 @@ class InferenceNode(Node):
             if delay > 0:
                 if self._stop.wait(delay):
                     break
-            elif delay < -period:
+            elif delay < -MAX_CATCH_UP_TICKS * period:
                 missed = int(-delay // period)
                 self.counters["action_ticks_missed"] += missed
                 deadline += missed * period
@@ -544,10 +551,11 @@ class InferenceNode(Node):
         now = now_s(self)
         with self._stream_lock:
             piece = self._stream.slice(now)
+            empty = self._stream.empty_reason(now) if piece is None else ""
         if self._update_watchdog(now):
             piece = self._hold_slice(now) if self.params["watchdog_policy"] == "hold" else None
         if piece is None:
-            self.counters["action_ticks_empty"] += 1
+            self.counters[f"action_ticks_empty.{empty or 'watchdog'}"] += 1
             return
         self._action_pub.publish(
             action_chunk_msg(
@@ -556,7 +564,10 @@ class InferenceNode(Node):
         )
         self._action_sequence += 1
         self._action_rate.add()
-        if self._trajectory_pub is not None:
+        if self._trajectory_pub is not None and piece.chunk.chunk_id != self._trajectory_chunk:
+            # Once per chunk: JointTrajectoryController interpolates along time_from_start
+            # itself, and a 50-point trajectory costs ~2 ms of GIL to build and send.
+            self._trajectory_chunk = piece.chunk.chunk_id
             self._trajectory_pub.publish(
                 joint_trajectory_msg(piece, self._joint_names, self.params["frame_id"])
             )
@@ -698,7 +709,7 @@ def main(args: Sequence[str] | None = None) -> int:
         holder.append(InferenceNode())
         return holder[-1]
 
-    code = run_node(factory, "inference", args, num_threads=3)
+    code = run_node(factory, "inference", args, num_threads=1)
     code = code or (holder[0].exit_code if holder else 0)
     if holder and holder[0].engine_busy():
         # Still loading or compiling (not interruptible). Everything durable is closed; exiting

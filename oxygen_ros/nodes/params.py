@@ -380,7 +380,11 @@ INFERENCE: tuple[ParamSpec, ...] = (
         check=int_range(0, 99),
     ),
     ParamSpec(
-        "action_dt_s", 0.1, "seconds between action rows of a model chunk", "float", check=positive
+        "action_dt_s",
+        0.04,
+        "seconds between action rows of a model chunk",
+        "float",
+        check=positive,
     ),
     ParamSpec(
         "action_time_offset_s",
@@ -391,7 +395,7 @@ INFERENCE: tuple[ParamSpec, ...] = (
     ),
     ParamSpec(
         "max_chunk_age_s",
-        1.5,
+        2.0,
         "chunks from older observations are not published",
         "float",
         runtime=True,

@@ -109,9 +109,9 @@ def run_frames(engine, plan, *, aborts=None, seed0=100, max_frames=40):
         for request_id in aborts.get(frame, ()):
             assert engine.abort(request_id)
         stats = engine.stats()
-        if frame >= len(plan) and stats.num_waiting == 0 and stats.num_running == 0:
-            if not aborts or frame > max(aborts):
-                break
+        idle = stats.num_waiting == 0 and stats.num_running == 0
+        if frame >= len(plan) and idle and (not aborts or frame > max(aborts)):
+            break
     return streams, results, seeds
 
 
@@ -185,7 +185,7 @@ def test_cancelled_requests_free_their_slot_at_once_and_others_are_unchanged(
     assert engine.abort("f2")  # waiting: leaves the queue
     assert engine.stats().num_waiting == 0
     assert not engine.abort("x") and not engine.abort("nobody")
-    streams, results, seeds = run_frames(engine, [], seed0=102)
+    streams, results, _ = run_frames(engine, [], seed0=102)
     finals = {o.request_id: o for r in results for o in r.outputs if o.status.finished}
     assert finals["x"].status is RequestStatus.FINISHED_ABORTED
     # x had 5 ids (1 extend + 2 steps in frame 100, 2 steps in 101) when it was aborted.
@@ -355,3 +355,22 @@ def test_invalid_and_duplicate_requests_are_refused_with_reasons(tiny_model) -> 
     ]
     assert outputs[0].request_id == "a" and outputs[0].status is not RequestStatus.REFUSED
     assert engine.stats().num_refused == 3
+
+
+def test_language_fault_ends_running_requests_and_keeps_the_actions(tiny_model) -> None:
+    engine = continuous_engine(tiny_model, decode_steps_per_frame=2)
+
+    def broken(running):
+        raise RuntimeError("device lost")
+
+    engine.runner.decode_step = broken  # type: ignore[method-assign]
+    result = engine.step(make_observation(8), [req("a", max_tokens=6, ignore_eos=True)])
+    assert result.actions is not None and result.actions.actions.shape == (50, 32)
+    (output,) = result.outputs
+    assert (output.status, output.error) == (
+        RequestStatus.FINISHED_ERROR,
+        "RuntimeError: device lost",
+    )
+    assert len(output.new_token_ids) == 1 and output.text == output.text_delta  # the extend's id
+    stats = engine.stats()
+    assert (stats.num_running, stats.slots_used, stats.prefixes_used) == (0, 0, 0)

@@ -474,3 +474,15 @@ def test_property_bookkeeping_stays_exact(ops: list[tuple[str, int, int]], polic
     assert all(request.finished for request in finished)
     live = set(scheduler.running_ids) | set(scheduler.waiting_ids)
     assert {r.request_id for r in requests if not r.finished} == live
+
+
+@pytest.mark.parametrize(("deadline_s", "expected"), [(0.2, 31), (0.1, 8), (0.07, 2), (0.05, 1)])
+def test_deadline_runs_fewer_steps_as_the_budget_tightens(deadline_s, expected) -> None:
+    # Fixed 0.055 s (prefill 0.02 + denoise 0.03 + other 0.005), 0.004 s per step, 10 % margin:
+    # floor((0.9 * deadline - 0.055) / 0.004), at least the floor of 1 step.
+    scheduler = deadline_scheduler(frame_deadline_s=deadline_s)
+    scheduler.observe_costs(steady_costs(extend_s=0.01))
+    add(scheduler, make_request("a", max_tokens=60))
+    scheduler.schedule(now=1.0)
+    scheduler.record_tokens("a", [5], now=1.0)
+    assert scheduler.schedule(now=2.0).num_decode_steps == expected

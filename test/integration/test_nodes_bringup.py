@@ -17,6 +17,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS = ROOT / "config" / "humanoid.yaml"
+JAX_CACHE = Path(os.environ.get("OXYGEN_BUILD_DIR", ROOT / ".build")) / "jax_cache"
 
 
 def params_file(tmp_path: Path) -> Path:
@@ -41,8 +42,7 @@ def gone(pid: int) -> bool:
 
 
 def test_bringup_streams_and_stops_on_sigint(launcher, ros_node, tmp_path) -> None:
-    env_cache = tmp_path / "jax_cache"
-    launcher.env.setdefault("JAX_COMPILATION_CACHE_DIR", str(env_cache))
+    launcher.env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
     actions = ros_node.collect(ActionChunk, "oxygen/actions", RELIABLE_QOS)
     speech = ros_node.collect(SpeechToken, "oxygen/speech", SPEECH_QOS)
     proc = launcher.start(

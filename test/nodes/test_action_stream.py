@@ -60,13 +60,15 @@ def test_time_offset_shifts_rows() -> None:
 
 def test_nothing_published_when_exhausted_or_stale() -> None:
     s = stream(max_chunk_age_s=0.5)
-    assert s.slice(now=0.0) is None
+    assert s.slice(now=0.0) is None and s.empty_reason(0.0) == "no_chunk"
     s.offer(ramp(3), 10.0, 0.0, now=10.0)
-    assert s.slice(now=10.2) is not None
+    assert s.slice(now=10.2) is not None and s.empty_reason(10.2) == ""
     assert s.slice(now=10.21) is None  # every row passed
+    assert s.empty_reason(10.21) == "exhausted"
     s.offer(ramp(10), 10.1, 0.0, now=10.3)
     assert s.slice(now=10.59) is not None
     assert s.slice(now=10.61) is None  # observation older than max_chunk_age_s
+    assert s.empty_reason(10.61) == "stale"
 
 
 def test_stale_chunk_refused_and_counted() -> None:

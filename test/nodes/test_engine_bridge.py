@@ -23,6 +23,16 @@ def test_ids_per_kind_and_take_moves_to_in_flight() -> None:
     assert q.num_in_flight == 2
 
 
+def test_requeue_puts_requests_back_in_front_in_order() -> None:
+    q = LanguageQueue(max_pending=8)
+    q.submit(RequestKind.SUBTASK)
+    q.submit(RequestKind.NARRATION)
+    taken = q.take()
+    q.submit(RequestKind.MEMORY)
+    q.requeue(taken)
+    assert [r.request_id for r in q.take()] == ["subtask-1", "narration-1", "memory-1"]
+
+
 def test_bounded_queue_refuses_with_reason() -> None:
     q = LanguageQueue(max_pending=2)
     assert q.submit(RequestKind.SUBTASK).accepted
