@@ -3,8 +3,8 @@ chunks, and every process exits cleanly on shutdown.
 
 Runs on a real ROS 2 install (`colcon test`, or `launch_test` on this file). PyPI has no ROS 2
 `launch_testing`, so here the module is skipped with that reason; the same behaviour is covered
-here by the bring-up tests (test/integration/test_bringup.py), which start the same graph from
-the same definition (oxygen_ros.graph) through `python -m oxygen_ros.bringup`.
+here by the bring-up tests (test/integration/test_nodes_bringup.py), which start the same
+graph from the same definition (oxygen_ros.graph) through `python -m oxygen_ros.bringup`.
 """
 
 import unittest
@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip(
     "launch_testing",
     reason="launch_testing is not installable on this machine (no ROS 2 launch on PyPI); "
-    "covered here by test_bringup.py",
+    "covered here by test_nodes_bringup.py",
 )
 import launch
 import launch_testing.actions
