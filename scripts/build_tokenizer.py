@@ -58,7 +58,15 @@ def _train(corpus: pathlib.Path, vocab_size: int) -> bytes:
         shuffle_input_sentence=False,
         minloglevel=2,
     )
-    return model.getvalue()
+    # The trainer records the corpus path; keep only the file name so the model is the same
+    # bytes wherever the repository is checked out.
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model.getvalue())
+    del proto.trainer_spec.input[:]
+    proto.trainer_spec.input.append(corpus.name)
+    return proto.SerializeToString(deterministic=True)
 
 
 def main() -> None:
