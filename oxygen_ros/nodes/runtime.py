@@ -131,14 +131,19 @@ def run_node(
                 raise
         if stop.is_set():
             node.get_logger().info("signal received, shutting down")
+        import time as _t; _t0=_t.monotonic(); print('DBG spin ended', flush=True)
         close = getattr(node, "close", None)
         if close is not None:
             close()
+        print('DBG closed', _t.monotonic()-_t0, flush=True)
         executor.shutdown(timeout_sec=2.0)
+        print('DBG exec shutdown', _t.monotonic()-_t0, flush=True)
     finally:
         if node is not None:
             node.destroy_node()
         rclpy.try_shutdown()
+        print('DBG rclpy shutdown', flush=True)
+        import faulthandler; faulthandler.dump_traceback_later(0.7, repeat=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return EXIT_OK
