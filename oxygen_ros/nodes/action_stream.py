@@ -277,7 +277,13 @@ class ActionStream:
 
 
 def hold_chunk(
-    positions: np.ndarray, now: float, dt: float, horizon: int, chunk_id: int
+    positions: np.ndarray,
+    now: float,
+    dt: float,
+    horizon: int,
+    chunk_id: int,
+    lower: tuple[float, ...] = (),
+    upper: tuple[float, ...] = (),
 ) -> TimedChunk:
     """A chunk that holds `positions` from `now` on (the watchdog's `hold` policy).
 
@@ -287,7 +293,15 @@ def hold_chunk(
         dt: Row spacing.
         horizon: Rows.
         chunk_id: Identifier to publish it under.
+        lower: Per-joint position lower limits (`StreamConfig.position_lower`), or ().
+        upper: Per-joint position upper limits, or (). A joint measured outside its limits is
+            held at the nearest limit: nothing published ever leaves the configured range.
     """
-    rows = np.tile(np.asarray(positions, dtype=np.float32), (max(horizon, 1), 1))
+    held = np.clip(
+        np.asarray(positions, dtype=np.float64),
+        np.asarray(lower) if lower else -np.inf,
+        np.asarray(upper) if upper else np.inf,
+    )
+    rows = np.tile(held.astype(np.float32), (max(horizon, 1), 1))
     rows.flags.writeable = False
     return TimedChunk(chunk_id, now, dt, rows, now, 0.0)

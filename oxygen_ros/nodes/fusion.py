@@ -8,6 +8,9 @@ Invariants:
 - The frame stamp is the stamp of a joint-state snapshot; a snapshot exists only once every
   configured joint has a value, and its positions are in the configured joint order (joints
   from several JointState messages are merged; names not configured are ignored and reported).
+  A snapshot is taken only while every joint's value is at most `stale_after_s` older than the
+  message completing it: when one source of a merged state stops (an arm's joint states), the
+  others do not keep producing frames that carry its frozen values.
 - Every image a frame uses lies, together with the joint stamp, inside one window of width
   `max_skew_s` (so images are within `max_skew_s` of each other and of the joint state).
   Among the windows that qualify, the frame uses as many cameras as possible, then the newest
@@ -118,6 +121,7 @@ class Fuser:
         n = len(config.joint_names)
         self._positions = np.full(n, np.nan)
         self._velocities = np.full(n, np.nan)
+        self._joint_stamps = np.full(n, -np.inf)  # stamp of each joint's latest value
         self._snapshots: deque[JointSnapshot] = deque()
 
     # ---------------------------------------------------------------- input
@@ -190,7 +194,9 @@ class Fuser:
         dst, src = (np.array(x, dtype=np.int64) for x in zip(*known, strict=True))
         self._positions[dst] = pos[src]
         self._velocities[dst] = vel[src] if vel.size else np.nan
-        if not np.any(np.isnan(self._positions)):
+        self._joint_stamps[dst] = stamp
+        complete = not np.any(np.isnan(self._positions))
+        if complete and stamp - float(self._joint_stamps.min()) <= self.config.stale_after_s:
             velocities_out = (
                 self._velocities.copy() if not np.any(np.isnan(self._velocities)) else np.zeros(0)
             )
@@ -206,6 +212,16 @@ class Fuser:
             n
             for n, v in zip(self.config.joint_names, self._positions, strict=True)
             if math.isnan(v)
+        ]
+
+    def stale_joints(self, stamp: float) -> list[str]:
+        """Configured joints whose latest value is older than `stale_after_s` at `stamp`
+        (never-received joints included)."""
+        limit = stamp - self.config.stale_after_s
+        return [
+            n
+            for n, t in zip(self.config.joint_names, self._joint_stamps, strict=True)
+            if t < limit
         ]
 
     # ---------------------------------------------------------------- fusion

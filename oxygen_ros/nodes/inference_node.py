@@ -23,8 +23,13 @@ Invariants:
   `memory_republish_count` entries are republished (transient local) at start.
 - Every language request the node accepted ends with exactly one final SpeechToken (finished,
   aborted, refused or failed), also when the engine raises.
-- Bad input (frames that break the message invariants, empty / non-UTF-8 instructions) is
-  counted and warned about (throttled), never passed to the engine.
+- Bad input (frames that break the message invariants, frames stamped more than
+  `FRAME_FUTURE_TOLERANCE_S` ahead or older than `max_chunk_age_s`, empty / non-UTF-8
+  instructions) is counted and warned about (throttled), never passed to the engine; a rejected
+  frame is dropped (requests wait for the next good one instead of spinning on it).
+- The watchdog's hold chunk is clamped to the position limits like every model chunk.
+- Test only: `fault_injection` (off by default) makes every frame raise after `Engine.step` or
+  poisons its chunk with NaN, to exercise the fault paths above over ROS.
 """
 
 from __future__ import annotations
@@ -75,7 +80,9 @@ from oxygen_ros.nodes.runtime import (
     LATCHED_QOS,
     OBSERVATION_QOS,
     RELIABLE_QOS,
+    SERVICE_QOS,
     SPEECH_QOS,
+    ReasonThrottle,
     latched_qos,
     now_s,
     run_node,
@@ -88,7 +95,12 @@ ENGINE_JOIN_S = 3.0  # at shutdown, how long to wait for a frame in progress
 HOLD_CHUNK_ID = 2**63  # chunk_id of watchdog hold chunks (model chunks count from 0)
 GIL_SWITCH_INTERVAL_S = 0.0005
 MAX_CATCH_UP_TICKS = 3  # a tick this many periods late is still published, later ones skipped
+FRAME_FUTURE_TOLERANCE_S = 0.5  # frames stamped further ahead of the node's clock are rejected
 SUCCESS = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
+
+
+class InjectedFaultError(RuntimeError):
+    """Raised inside a frame by the test-only `fault_injection=engine_exception`."""
 
 
 class InferenceNode(Node):
@@ -119,6 +131,7 @@ class InferenceNode(Node):
             )
         self._queue = LanguageQueue(p["max_pending_requests"])
         self.counters: collections.Counter[str] = collections.Counter()
+        self._throttle = ReasonThrottle(THROTTLE_S)  # per rejection reason
         self._action_rate = RateMeter()
         self._token_rate = RateMeter()
 
@@ -179,12 +192,14 @@ class InferenceNode(Node):
             RequestLanguage,
             p["request_language_service"],
             self._on_request_language,
+            qos_profile=SERVICE_QOS,
             callback_group=self._io_group,
         )
         self.create_service(
             QueryMemory,
             p["query_memory_service"],
             self._on_query_memory,
+            qos_profile=SERVICE_QOS,
             callback_group=self._io_group,
         )
         self._action_period_s = 1.0 / p["action_rate_hz"]
@@ -254,6 +269,13 @@ class InferenceNode(Node):
         if {"blend_mode", "blend_steps", "max_chunk_age_s"} & set(changed):
             with self._stream_lock:
                 self._stream.reconfigure(self._stream_config())
+        if "fault_injection" in changed:
+            fault = changed["fault_injection"]
+            self.get_logger().warning(
+                f"fault_injection={fault!r}: every frame fails that way (test only)"
+                if fault
+                else "fault_injection off"
+            )
 
     # ================================================================ inputs
     def _on_frame(self, data: bytes) -> None:
@@ -273,10 +295,12 @@ class InferenceNode(Node):
         limit = self.params["instruction_max_chars"]
         if len(text) > limit:
             self.counters["instruction_truncated"] += 1
-            self.get_logger().warning(
+            line = self._throttle.message(
+                "instruction_truncated",
                 f"instruction of {len(text)} characters truncated to {limit}",
-                throttle_duration_sec=THROTTLE_S,
             )
+            if line is not None:
+                self.get_logger().warning(line)
             text = text[:limit]
         return text
 
@@ -340,7 +364,9 @@ class InferenceNode(Node):
 
     def _reject(self, reason: str, message: str) -> None:
         self.counters[f"rejected.{reason}"] += 1
-        self.get_logger().warning(message, throttle_duration_sec=THROTTLE_S)
+        line = self._throttle.message(reason, message)
+        if line is not None:
+            self.get_logger().warning(line)
 
     def _wake_engine(self) -> None:
         with self._cond:
@@ -373,7 +399,7 @@ class InferenceNode(Node):
             if work is not None:
                 self._run_frame(engine, *work)
 
-    def _next_work(self) -> tuple[bytes, str, list] | None:
+    def _next_work(self) -> tuple[bytes, int, str, list] | None:
         """Waits for a new frame (or queued requests and any frame); takes them."""
         with self._cond:
             self._cond.wait_for(
@@ -394,31 +420,59 @@ class InferenceNode(Node):
             if self._newest_frame_key == self._used_frame_key and not self._queue.has_queued():
                 return None
             self._used_frame_key = self._newest_frame_key
-            frame, prompt = self._newest_frame, self._prompt
-        return frame, prompt, self._queue.take()
+            frame, key, prompt = self._newest_frame, self._newest_frame_key, self._prompt
+        return frame, key, prompt, self._queue.take()
 
-    def _run_frame(self, engine, data: bytes, prompt: str, requests: list) -> None:
+    def _drop_frame(self, key: int, requests: list, reason: str, message: str) -> None:
+        """A frame the engine must not see: counted, dropped (so the engine waits for the next
+        one instead of retrying it), its requests back in the queue for the next good frame."""
+        self._reject(reason, message)
+        with self._cond:
+            if self._newest_frame_key == key:
+                self._newest_frame = None
+        self._queue.requeue(requests)
+
+    def _run_frame(self, engine, data: bytes, key: int, prompt: str, requests: list) -> None:
         try:
             frame = deserialize_message(data, ObservationFrame)
             observation = observation_from_msg(
                 frame, prompt, self._image_keys, self._joint_names, self._resolution
             )
         except RejectedFrameError as exc:
-            self._reject(f"frame_{exc.reason}", f"observation frame rejected: {exc}")
-            self._queue.requeue(requests)  # they run on the next good frame
+            self._drop_frame(key, requests, f"frame_{exc.reason}", f"frame rejected: {exc}")
             return
         except (ValueError, TypeError, RuntimeError) as exc:  # undecodable bytes
-            self._reject("frame_undecodable", f"observation frame undecodable: {exc}")
-            self._queue.requeue(requests)
+            self._drop_frame(key, requests, "frame_undecodable", f"frame undecodable: {exc}")
+            return
+        started = now_s(self)
+        age = started - observation.stamp
+        if age < -FRAME_FUTURE_TOLERANCE_S:
+            self._drop_frame(
+                key,
+                requests,
+                "frame_future_stamp",
+                f"frame rejected: stamped {-age:.3f} s in the future (clocks out of sync?)",
+            )
+            return
+        if age > self.params["max_chunk_age_s"]:
+            self._drop_frame(
+                key,
+                requests,
+                "frame_stale",
+                f"frame rejected: {age:.3f} s old (max_chunk_age_s="
+                f"{self.params['max_chunk_age_s']:g})",
+            )
             return
         self._last_positions = np.asarray(observation.state, dtype=np.float64)
-        started = now_s(self)
+        fault = self.params["fault_injection"]
         try:
             for request_id in self._queue.take_aborts():
                 engine.abort(request_id)  # its final (aborted) output comes with this step
             for request in requests:
                 self._admitted[request.request_id] = (observation.stamp, prompt)
             result = engine.step(observation, requests)
+            if fault == "engine_exception":
+                raise InjectedFaultError("fault_injection=engine_exception (test only)")
         except Exception as exc:  # engine fault: log the cause, end its requests, keep serving
             self._engine_fault(engine, exc)
             return
@@ -431,7 +485,11 @@ class InferenceNode(Node):
         if now - observation.stamp <= self.params["watchdog_timeout_s"]:
             self._last_fed = now
         if result.actions is not None:
-            self._offer_chunk(result.actions.actions, observation.stamp, now)
+            actions = result.actions.actions
+            if fault == "nan_chunk":  # test only: one NaN poisons the whole chunk
+                actions = np.array(actions, dtype=np.float32, copy=True)
+                actions[len(actions) // 2, 0] = np.nan
+            self._offer_chunk(actions, observation.stamp, now)
         stamp = seconds_to_time(now)
         for output in result.outputs:
             self._publish_output(output, stamp, observation.stamp, prompt)
@@ -440,7 +498,18 @@ class InferenceNode(Node):
         """Logs the cause and ends every in-flight request with an error final message."""
         self.counters["engine_faults"] += 1
         reason = f"engine fault: {type(exc).__name__}: {exc}"
-        self.get_logger().error(f"frame failed: {type(exc).__name__}: {exc}")
+        frames = traceback.extract_tb(exc.__traceback__)
+        at = (
+            f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in "
+            f"{frames[-1].name})"
+            if frames
+            else ""
+        )
+        self.get_logger().error(
+            f"frame failed: {type(exc).__name__}: {exc}{at}; ending "
+            f"{self._queue.num_in_flight} in-flight request(s) with an error, serving on",
+            throttle_duration_sec=THROTTLE_S,
+        )
         self.get_logger().debug(traceback.format_exc())
         for request in self._queue.fail_in_flight():
             with contextlib.suppress(Exception):  # free its slot if the engine still can
@@ -597,7 +666,13 @@ class InferenceNode(Node):
         if positions is None:
             return None
         chunk = hold_chunk(
-            positions, now, self.params["action_dt_s"], self._horizon, HOLD_CHUNK_ID
+            positions,
+            now,
+            self.params["action_dt_s"],
+            self._horizon,
+            HOLD_CHUNK_ID,
+            tuple(self.params["joint_position_lower"]),
+            tuple(self.params["joint_position_upper"]),
         )
         return Slice(chunk, 0, now, chunk.rows)
 
@@ -623,6 +698,8 @@ class InferenceNode(Node):
             level, message = "ERROR", f"watchdog tripped ({self.params['watchdog_policy']})"
         elif self._engine_state == "loading":
             level, message = "WARN", "engine loading"
+        elif self.params["fault_injection"]:
+            level, message = "WARN", f"fault_injection={self.params['fault_injection']} (test)"
         elif rate < 0.9 * target:
             level, message = "WARN", f"action rate {rate:.1f} Hz below {target:g} Hz"
         else:
@@ -644,8 +721,12 @@ class InferenceNode(Node):
             "watchdog": self._watchdog_state,
             "memory_entries_total": self._store.last_id(),
             "prompt": self._prompt,
+            "fault_injection": self.params["fault_injection"],
         }
         values.update((f"engine.{k}", v) for k, v in self._engine_stats.items())
+        with self._stream_lock:
+            stream_counters = dataclasses.asdict(self._stream.counters)
+        values.update((f"actions.{k}", v) for k, v in stream_counters.items())
         values.update(sorted(self.counters.items()))
         array = DiagnosticArray()
         array.header.stamp = self.get_clock().now().to_msg()
@@ -711,9 +792,10 @@ def main(args: Sequence[str] | None = None) -> int:
 
     code = run_node(factory, "inference", args, num_threads=1)
     code = code or (holder[0].exit_code if holder else 0)
-    if holder and holder[0].engine_busy():
-        # Still loading or compiling (not interruptible). Everything durable is closed; exiting
-        # normally would finalise the interpreter under a thread inside XLA and abort.
+    if holder:
+        # Everything durable is closed (database checkpointed, ROS logging finalised). Skip the
+        # interpreter's finalisation: tearing down XLA's runtime takes ~2.5 s on 2 cores, and
+        # with a thread still inside XLA (loading or compiling, not interruptible) it aborts.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -267,6 +267,9 @@ PERCEPTION_CAMERA: tuple[ParamSpec, ...] = (
     ),
 )
 
+# Test-only faults the inference node can inject into its own frames (see `fault_injection`).
+FAULT_INJECTIONS = ("", "engine_exception", "nan_chunk")
+
 INFERENCE: tuple[ParamSpec, ...] = (
     # engine
     ParamSpec("model_preset", "tiny", "engine model preset", "str", check=one_of("tiny", "pi05")),
@@ -436,6 +439,15 @@ INFERENCE: tuple[ParamSpec, ...] = (
         "str",
         runtime=True,
         check=one_of("stop", "hold"),
+    ),
+    ParamSpec(
+        "fault_injection",
+        "",
+        "TEST ONLY, keep '': engine_exception raises inside every frame (after Engine.step), "
+        "nan_chunk puts a NaN into every model chunk; both exercise the fault paths",
+        "str",
+        runtime=True,
+        check=one_of(*FAULT_INJECTIONS),
     ),
     # language
     ParamSpec("default_instruction", "", "task prompt until an instruction arrives", "str"),

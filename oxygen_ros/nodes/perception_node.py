@@ -8,8 +8,12 @@ Invariants:
   counted by reason (diagnostics `rejected.<reason>`) and logged with a throttled warning.
 - An image is converted (to rgb8 at the model resolution, aspect-preserving with padding) at
   most once, and only when a frame uses it; frames carry only converted images.
-- Frames follow `Fuser.fuse`: no frame while the joint state or every camera is stale/absent.
+- Frames follow `Fuser.fuse`: no frame while the joint state or every camera is stale/absent;
+  a frame with a configured camera masked counts `masked.<camera>`, a tick without a frame
+  `skipped.<reason>`.
 - A sample stamped zero (an unstamped driver) is stamped with its arrival time (counted).
+- An unexpected error while handling one input message drops that message (counted as
+  `rejected.internal_error`, logged with its cause); it never ends the node.
 """
 
 from __future__ import annotations
@@ -29,7 +33,13 @@ from oxygen_ros.nodes import params as P
 from oxygen_ros.nodes.conversions import diagnostic_status, observation_frame_msg, time_to_seconds
 from oxygen_ros.nodes.fusion import CameraSpec, Fuser, FusionConfig, RejectedInputError
 from oxygen_ros.nodes.image_conversion import ImageConversionError, check_image, to_model_image
-from oxygen_ros.nodes.runtime import OBSERVATION_QOS, SENSOR_QOS, now_s, run_node
+from oxygen_ros.nodes.runtime import (
+    OBSERVATION_QOS,
+    SENSOR_QOS,
+    ReasonThrottle,
+    now_s,
+    run_node,
+)
 
 THROTTLE_S = 5.0  # at most one warning per call site per this many seconds
 RATE_WINDOW_S = 2.0
@@ -64,6 +74,7 @@ class PerceptionNode(Node):
         self._out_size = (p["image_height"], p["image_width"])
         self._converted: dict[str, tuple[float, np.ndarray]] = {}  # camera -> (stamp, image)
         self.counters: collections.Counter[str] = collections.Counter()
+        self._throttle = ReasonThrottle(THROTTLE_S)  # per rejection / skip reason
         self._sequence = 0
         self._publish_times: collections.deque[float] = collections.deque()
         self._last_skip_reason = ""
@@ -74,9 +85,17 @@ class PerceptionNode(Node):
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         for camera in self._cameras:
             self.create_subscription(
-                Image, camera.topic, lambda msg, c=camera: self._on_image(c, msg), SENSOR_QOS
+                Image,
+                camera.topic,
+                lambda msg, c=camera: self._guarded(self._on_image, c, msg),
+                SENSOR_QOS,
             )
-        self.create_subscription(JointState, p["joint_state_topic"], self._on_joints, SENSOR_QOS)
+        self.create_subscription(
+            JointState,
+            p["joint_state_topic"],
+            lambda msg: self._guarded(self._on_joints, msg),
+            SENSOR_QOS,
+        )
         self._frame_timer = self.create_timer(1.0 / p["observation_rate_hz"], self._on_frame_tick)
         self._diag_timer = self.create_timer(self._diag_period(), self._publish_diagnostics)
         self.params.add_listener(self._on_params)
@@ -109,7 +128,21 @@ class PerceptionNode(Node):
 
     def _reject(self, reason: str, message: str) -> None:
         self.counters[f"rejected.{reason}"] += 1
-        self.get_logger().warning(f"rejected: {message}", throttle_duration_sec=THROTTLE_S)
+        line = self._throttle.message(reason, f"rejected ({reason}): {message}")
+        if line is not None:
+            self.get_logger().warning(line)
+
+    def _guarded(self, callback, *args) -> None:
+        """Runs an input callback; an unexpected error drops that one message (counted as
+        `rejected.internal_error`, logged with its cause) instead of ending the node."""
+        try:
+            callback(*args)
+        except Exception as exc:
+            self.counters["rejected.internal_error"] += 1
+            self.get_logger().error(
+                f"input dropped, unexpected {type(exc).__name__} in {callback.__name__}: {exc}",
+                throttle_duration_sec=THROTTLE_S,
+            )
 
     def _on_image(self, camera: CameraSpec, msg: Image) -> None:
         now = now_s(self)
@@ -163,14 +196,22 @@ class PerceptionNode(Node):
         if frame is None:
             self.counters[f"skipped.{reason}"] += 1
             if reason != self._last_skip_reason:
-                self.get_logger().warning(
-                    f"no observation frame: {reason}", throttle_duration_sec=THROTTLE_S
+                line = self._throttle.message(
+                    f"skipped.{reason}", f"no observation frame: {reason}"
                 )
+                if line is not None:
+                    self.get_logger().warning(line)
             self._last_skip_reason = reason
             missing = self._fuser.missing_joints()
             if reason == "no_joint_state" and missing and self.counters["joint_states"]:
                 self.get_logger().warning(
                     f"joints never received: {missing[:8]}", throttle_duration_sec=THROTTLE_S
+                )
+            stale = self._fuser.stale_joints(now) if reason == "joint_state_stale" else []
+            if stale and len(stale) < len(self._fuser.config.joint_names):
+                self.get_logger().warning(
+                    f"joints not updated for {self.params['stale_after_s']:g} s: {stale[:8]}",
+                    throttle_duration_sec=THROTTLE_S,
                 )
             return
         self._last_skip_reason = ""
@@ -179,6 +220,8 @@ class PerceptionNode(Node):
         for slot, payload, stamp in zip(
             frame.slots, frame.payloads, frame.image_stamps, strict=True
         ):
+            if payload is None and slot in by_slot:  # a configured camera absent or stale
+                self.counters[f"masked.{by_slot[slot].name}"] += 1
             images.append(
                 None if payload is None else self._convert(by_slot[slot], payload, stamp)
             )

@@ -5,13 +5,17 @@ Invariants:
   valid (timers stopped, requests ended, threads joined, files closed) and `main()` returns 0.
 - Invalid start-up parameters end the process with exit code 2 and one fatal log line naming
   every bad value; any other start-up failure returns 1 with its cause logged.
+- `ReasonThrottle` throttles log lines per reason (rclpy throttles per call site, so one noisy
+  kind of bad input would hide every other kind logged from the same line).
 """
 
 from __future__ import annotations
 
+import collections
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import rclpy
@@ -65,6 +69,15 @@ LATCHED_QOS = QoSProfile(
     depth=1,
     reliability=QoSReliabilityPolicy.RELIABLE,
     durability=QoSDurabilityPolicy.TRANSIENT_LOCAL,
+)
+
+# Services: reliable with room for bursts. ROS's default keeps the last 10 requests, so an 11th
+# concurrent caller is dropped without an answer before the node can refuse it with a reason.
+SERVICE_QOS = QoSProfile(
+    history=QoSHistoryPolicy.KEEP_LAST,
+    depth=256,
+    reliability=QoSReliabilityPolicy.RELIABLE,
+    durability=QoSDurabilityPolicy.VOLATILE,
 )
 
 
@@ -131,22 +144,43 @@ def run_node(
                 raise
         if stop.is_set():
             node.get_logger().info("signal received, shutting down")
-        import time as _t; _t0=_t.monotonic(); print('DBG spin ended', flush=True)
         close = getattr(node, "close", None)
         if close is not None:
             close()
-        print('DBG closed', _t.monotonic()-_t0, flush=True)
         executor.shutdown(timeout_sec=2.0)
-        print('DBG exec shutdown', _t.monotonic()-_t0, flush=True)
     finally:
         if node is not None:
             node.destroy_node()
         rclpy.try_shutdown()
-        print('DBG rclpy shutdown', flush=True)
-        import faulthandler; faulthandler.dump_traceback_later(0.7, repeat=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return EXIT_OK
+
+
+class ReasonThrottle:
+    """At most one log line per reason every `period_s`; the next line of a reason says how
+    many were suppressed since the previous one. Thread-safe."""
+
+    def __init__(self, period_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.period_s = period_s
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._suppressed: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def message(self, reason: str, message: str) -> str | None:
+        """The line to log now for `reason`, or None while it is throttled."""
+        now = self._clock()
+        with self._lock:
+            last = self._last.get(reason)
+            if last is not None and now - last < self.period_s:
+                self._suppressed[reason] += 1
+                return None
+            self._last[reason] = now
+            suppressed = self._suppressed.pop(reason, 0)
+        if suppressed:
+            return f"{message} (+{suppressed} more since the last report)"
+        return message
 
 
 def now_s(node: Node) -> float:

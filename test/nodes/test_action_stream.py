@@ -173,6 +173,21 @@ def test_hold_chunk_repeats_positions() -> None:
     assert c.start == 3.0 and c.chunk_id == 7
 
 
+def test_hold_chunk_clamped_to_position_limits() -> None:
+    c = hold_chunk(
+        np.array([2.0, -2.0, 0.1]),
+        now=0.0,
+        dt=DT,
+        horizon=3,
+        chunk_id=1,
+        lower=(-1.0, -1.0, -1.0),
+        upper=(1.0, 1.0, 1.0),
+    )
+    assert np.all(c.rows == np.array([1.0, -1.0, 0.1], dtype=np.float32))
+    c = hold_chunk(np.array([2.0]), now=0.0, dt=DT, horizon=1, chunk_id=1, upper=(1.5,))
+    assert c.rows[0, 0] == 1.5
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

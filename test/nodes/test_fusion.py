@@ -128,6 +128,27 @@ def test_no_frame_when_joint_state_stale_or_absent() -> None:
     assert f.fuse(now=0.6) == (None, "joint_state_stale")
 
 
+def test_no_frame_when_one_merged_joint_source_stops() -> None:
+    """Arm (a, b) and gripper (c) publish separately; the gripper stops: its frozen value must
+    not keep riding on fresh arm messages."""
+    f = make_fuser(camera_names=())
+    f.add_joint_state(0.0, ["a", "b"], [1.0, 2.0], [], now=0.0)
+    f.add_joint_state(0.0, ["c"], [3.0], [], now=0.0)
+    assert f.fuse(now=0.0)[0] is not None
+    for t in (0.2, 0.4, 0.5):  # gripper still fresh enough (<= stale_after_s)
+        f.add_joint_state(t, ["a", "b"], [1.0, 2.0], [], now=t)
+        assert f.fuse(now=t)[0].stamp == t
+    for t in (0.6, 0.8, 1.2):
+        f.add_joint_state(t, ["a", "b"], [1.0, 2.0], [], now=t)
+    assert f.stale_joints(1.2) == ["c"]
+    assert f.fuse(now=1.2) == (None, "joint_state_stale")
+    f.add_joint_state(1.25, ["c"], [4.0], [], now=1.25)  # the gripper resumes
+    frame, reason = f.fuse(now=1.25)
+    assert reason == "" and frame.stamp == 1.25
+    np.testing.assert_array_equal(frame.positions, [1.0, 2.0, 4.0])
+    assert f.stale_joints(1.25) == []
+
+
 def test_no_frame_when_all_cameras_gone() -> None:
     f = make_fuser()
     f.add_image("head", 0.0, "h", now=0.0)
