@@ -29,7 +29,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from oxygen_ros.engine import prompts
 from oxygen_ros.engine.config import get_engine_config, get_model_config
-from oxygen_ros.engine.engine import Engine, observation_to_inputs
+from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.model import abstract_model, param_count
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH
 from oxygen_ros.engine.types import LanguageRequest, Observation, RequestKind
@@ -66,14 +66,7 @@ def measure(preset: str, runs: int) -> dict[str, object]:
     engine = Engine(config)
     model, cache = engine.model, config.cache
     observation = _observation(engine)
-    inputs = observation_to_inputs(
-        observation,
-        config.model.image_keys,
-        config.model.image_resolution,
-        engine.tokenizer,
-        engine.normalizer,
-        config.model.max_token_len,
-    )
+    inputs = engine.prepare_inputs(observation)
     prefix = jax.block_until_ready(model.prefill(inputs))
     noise = engine.make_noise(0)
     tail_tokens, tail_mask = prompts.tokenize_tail(

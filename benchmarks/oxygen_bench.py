@@ -98,7 +98,7 @@ import psutil  # noqa: E402
 
 from oxygen_ros.engine import compiles, prompts  # noqa: E402
 from oxygen_ros.engine.config import ModelConfig, get_engine_config, get_model_config  # noqa: E402
-from oxygen_ros.engine.engine import Engine, observation_to_inputs  # noqa: E402
+from oxygen_ros.engine.engine import Engine  # noqa: E402
 from oxygen_ros.engine.model import Pi05Model, create_model  # noqa: E402
 from oxygen_ros.engine.model_fns import Prefix  # noqa: E402
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH  # noqa: E402
@@ -251,14 +251,7 @@ def measure_components(engine: Engine, seed: int, runs: int) -> dict[str, object
     config = engine.config
     model, cache = engine.model, config.cache
     observation = make_observation(config.model, 0, seed)
-    inputs = observation_to_inputs(
-        observation,
-        config.model.image_keys,
-        config.model.image_resolution,
-        engine.tokenizer,
-        engine.normalizer,
-        config.model.max_token_len,
-    )
+    inputs = engine.prepare_inputs(observation)
     prefix = jax.block_until_ready(model.prefill(inputs))
     store = Prefix(
         *(

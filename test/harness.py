@@ -31,6 +31,14 @@ def wait_for(
         time.sleep(poll_s)
 
 
+def call_service(client, request, timeout_s: float = 15.0):
+    """Waits for `client`'s service, calls it, waits for and returns the reply."""
+    wait_for(client.service_is_ready, timeout_s, f"service {client.srv_name}")
+    future = client.call_async(request)
+    wait_for(future.done, timeout_s, f"reply from {client.srv_name}")
+    return future.result()
+
+
 @dataclass
 class NodeProcess:
     """A node started as its own OS process (`python -m <module> --ros-args ...`)."""

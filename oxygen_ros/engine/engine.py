@@ -559,7 +559,7 @@ class Engine:
         for request in requests:
             self.add_request(request, now=start)
         phases = _FramePhases()
-        inputs = self._inputs(observation)
+        inputs = self.prepare_inputs(observation)
         prefill_start = time.perf_counter()
         prefix = self._prefill(inputs)
         phases.prefill_s += time.perf_counter() - prefill_start
@@ -609,7 +609,8 @@ class Engine:
         num_prefills = self._counters.num_prefills - num_prefills_before
         return FrameResult(frame_index, action_result, outputs, timings, num_prefills)
 
-    def _inputs(self, observation: Observation) -> PrefixInputs:
+    def prepare_inputs(self, observation: Observation) -> PrefixInputs:
+        """The batch-1 model inputs of `observation` at this engine's model config."""
         model_config = self.config.model
         return observation_to_inputs(
             observation,

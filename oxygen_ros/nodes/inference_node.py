@@ -66,7 +66,6 @@ from oxygen_ros.nodes.conversions import (
     MSG_TO_KIND,
     RejectedFrameError,
     action_chunk_msg,
-    diagnostic_status,
     joint_trajectory_msg,
     memory_entry_msg,
     observation_from_msg,
@@ -85,6 +84,7 @@ from oxygen_ros.nodes.runtime import (
     ReasonThrottle,
     latched_qos,
     now_s,
+    publish_status,
     run_node,
 )
 from oxygen_ros.srv import QueryMemory, RequestLanguage
@@ -295,12 +295,11 @@ class InferenceNode(Node):
         limit = self.params["instruction_max_chars"]
         if len(text) > limit:
             self.counters["instruction_truncated"] += 1
-            line = self._throttle.message(
+            self._throttle.warn(
+                self,
                 "instruction_truncated",
                 f"instruction of {len(text)} characters truncated to {limit}",
             )
-            if line is not None:
-                self.get_logger().warning(line)
             text = text[:limit]
         return text
 
@@ -364,9 +363,7 @@ class InferenceNode(Node):
 
     def _reject(self, reason: str, message: str) -> None:
         self.counters[f"rejected.{reason}"] += 1
-        line = self._throttle.message(reason, message)
-        if line is not None:
-            self.get_logger().warning(line)
+        self._throttle.warn(self, reason, message)
 
     def _wake_engine(self) -> None:
         with self._cond:
@@ -728,18 +725,7 @@ class InferenceNode(Node):
             stream_counters = dataclasses.asdict(self._stream.counters)
         values.update((f"actions.{k}", v) for k, v in stream_counters.items())
         values.update(sorted(self.counters.items()))
-        array = DiagnosticArray()
-        array.header.stamp = self.get_clock().now().to_msg()
-        array.status = [
-            diagnostic_status(
-                f"oxygen_ros: {self.get_name()}",
-                self.get_fully_qualified_name(),
-                level,
-                message,
-                values,
-            )
-        ]
-        self._diag_pub.publish(array)
+        publish_status(self, self._diag_pub, level, message, values)
 
     def _cache_occupancy(self, slots: int) -> float:
         stats = self._engine_stats

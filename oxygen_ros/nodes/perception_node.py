@@ -30,7 +30,7 @@ from sensor_msgs.msg import Image, JointState
 
 from oxygen_ros.msg import ObservationFrame
 from oxygen_ros.nodes import params as P
-from oxygen_ros.nodes.conversions import diagnostic_status, observation_frame_msg, time_to_seconds
+from oxygen_ros.nodes.conversions import observation_frame_msg, time_to_seconds
 from oxygen_ros.nodes.fusion import CameraSpec, Fuser, FusionConfig, RejectedInputError
 from oxygen_ros.nodes.image_conversion import ImageConversionError, check_image, to_model_image
 from oxygen_ros.nodes.runtime import (
@@ -38,6 +38,7 @@ from oxygen_ros.nodes.runtime import (
     SENSOR_QOS,
     ReasonThrottle,
     now_s,
+    publish_status,
     run_node,
 )
 
@@ -128,9 +129,7 @@ class PerceptionNode(Node):
 
     def _reject(self, reason: str, message: str) -> None:
         self.counters[f"rejected.{reason}"] += 1
-        line = self._throttle.message(reason, f"rejected ({reason}): {message}")
-        if line is not None:
-            self.get_logger().warning(line)
+        self._throttle.warn(self, reason, f"rejected ({reason}): {message}")
 
     def _guarded(self, callback, *args) -> None:
         """Runs an input callback; an unexpected error drops that one message (counted as
@@ -196,11 +195,7 @@ class PerceptionNode(Node):
         if frame is None:
             self.counters[f"skipped.{reason}"] += 1
             if reason != self._last_skip_reason:
-                line = self._throttle.message(
-                    f"skipped.{reason}", f"no observation frame: {reason}"
-                )
-                if line is not None:
-                    self.get_logger().warning(line)
+                self._throttle.warn(self, f"skipped.{reason}", f"no observation frame: {reason}")
             self._last_skip_reason = reason
             missing = self._fuser.missing_joints()
             if reason == "no_joint_state" and missing and self.counters["joint_states"]:
@@ -286,18 +281,7 @@ class PerceptionNode(Node):
             "sequence": self._sequence,
         }
         values.update(sorted(self.counters.items()))
-        array = DiagnosticArray()
-        array.header.stamp = self.get_clock().now().to_msg()
-        array.status = [
-            diagnostic_status(
-                f"oxygen_ros: {self.get_name()}",
-                self.get_fully_qualified_name(),
-                level,
-                message,
-                values,
-            )
-        ]
-        self._diag_pub.publish(array)
+        publish_status(self, self._diag_pub, level, message, values)
 
     def close(self) -> None:
         self._frame_timer.cancel()

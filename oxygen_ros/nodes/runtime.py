@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import rclpy
+from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.executors import (
     ExternalShutdownException,
     MultiThreadedExecutor,
@@ -36,6 +37,7 @@ from rclpy.qos import (
 )
 from rclpy.signals import SignalHandlerOptions
 
+from oxygen_ros.nodes.conversions import diagnostic_status
 from oxygen_ros.nodes.params import ParameterError
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_PARAMETERS = 0, 1, 2
@@ -181,6 +183,34 @@ class ReasonThrottle:
         if suppressed:
             return f"{message} (+{suppressed} more since the last report)"
         return message
+
+    def warn(self, node: Node, reason: str, message: str) -> None:
+        """Logs `message` as a warning of `node` unless `reason` is throttled now."""
+        line = self.message(reason, message)
+        if line is not None:
+            node.get_logger().warning(line)
+
+
+def publish_status(
+    node: Node,
+    publisher,
+    level: str,
+    message: str,
+    values: dict[str, object],
+) -> None:
+    """Publishes `node`'s one-status `DiagnosticArray` (name `oxygen_ros: <node name>`)."""
+    array = DiagnosticArray()
+    array.header.stamp = node.get_clock().now().to_msg()
+    array.status = [
+        diagnostic_status(
+            f"oxygen_ros: {node.get_name()}",
+            node.get_fully_qualified_name(),
+            level,
+            message,
+            values,
+        )
+    ]
+    publisher.publish(array)
 
 
 def now_s(node: Node) -> float:

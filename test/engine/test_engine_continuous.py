@@ -53,7 +53,9 @@ def reference(tiny_model):
         if key not in memo:
             prefix_key = ("prefix", seed)
             if prefix_key not in memo:
-                memo[prefix_key] = engine.runner.prefill(engine._inputs(make_observation(seed)))
+                memo[prefix_key] = engine.runner.prefill(
+                    engine.prepare_inputs(make_observation(seed))
+                )
             (prepared,) = prepare_requests(
                 [spec], engine.config.prompt, engine.config.cache, engine.tokenizer
             )

@@ -23,7 +23,9 @@ def engine(tiny_model) -> Engine:
 @pytest.fixture(scope="module")
 def prefixes(engine):
     """Two frames' prefixes (different observations, so different kv)."""
-    return [engine.runner.prefill(engine._inputs(make_observation(seed))) for seed in (21, 22)]
+    return [
+        engine.runner.prefill(engine.prepare_inputs(make_observation(seed))) for seed in (21, 22)
+    ]
 
 
 def fresh_runner(engine: Engine, extend_rows: int | None = None) -> Runner:

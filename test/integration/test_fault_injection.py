@@ -34,7 +34,7 @@ import pytest
 import yaml
 from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray
-from harness import NodeProcess, ProcessLauncher, SpinningNode, wait_for
+from harness import NodeProcess, ProcessLauncher, SpinningNode, call_service, wait_for
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from rcl_interfaces.srv import SetParameters
@@ -357,10 +357,7 @@ class Rig:
 
     # ------------------------------------------------------------------ services
     def call(self, client, request, timeout_s: float = 15.0):
-        wait_for(client.service_is_ready, timeout_s, f"service {client.srv_name}")
-        future = client.call_async(request)
-        wait_for(future.done, timeout_s, f"reply from {client.srv_name}")
-        return future.result()
+        return call_service(client, request, timeout_s)
 
     def set_param(self, name: str, value) -> None:
         request = SetParameters.Request(

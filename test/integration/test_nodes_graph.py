@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from harness import ProcessLauncher, SpinningNode, wait_for
+from harness import ProcessLauncher, SpinningNode, call_service, wait_for
 from rcl_interfaces.srv import GetParameters, SetParameters
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, QoSReliabilityPolicy
@@ -118,10 +118,7 @@ class Graph:
         assert proc.alive(), proc.log()[-3000:]
 
     def call(self, client, request, timeout_s: float = 15.0):
-        wait_for(lambda: client.service_is_ready(), timeout_s, f"service {client.srv_name}")
-        future = client.call_async(request)
-        wait_for(future.done, timeout_s, f"reply from {client.srv_name}")
-        return future.result()
+        return call_service(client, request, timeout_s)
 
     def set_param(self, name: str, value) -> object:
         request = SetParameters.Request(
