@@ -17,3 +17,6 @@ export ROS_AUTOMATIC_DISCOVERY_RANGE="${ROS_AUTOMATIC_DISCOVERY_RANGE:-LOCALHOST
 export ROS_LOG_DIR="${ROS_LOG_DIR:-$_oxygen_build/ros_log}"
 export RMW_IMPLEMENTATION="${RMW_IMPLEMENTATION:-rmw_fastrtps_cpp}"
 unset _oxygen_root _oxygen_build _oxygen_nounset
+# Headless MuJoCo rendering on the CPU (Mesa's EGL + llvmpipe); the workcell simulation needs it.
+export MUJOCO_GL="${MUJOCO_GL:-egl}"
+export PYOPENGL_PLATFORM="${PYOPENGL_PLATFORM:-egl}"

@@ -1,5 +1,7 @@
-"""The engine package is ROS-free: no module under oxygen_ros/engine imports rclpy, rosidl or
-any message/service module, statically (AST) or at run time (after importing everything)."""
+"""The ROS-free packages stay ROS-free: no module under oxygen_ros/engine or oxygen_ros/sim
+imports rclpy, rosidl or any message/service module, statically (AST) or at run time (after
+importing everything). The engine imports nothing else of the project; the simulation nothing
+but itself."""
 
 import ast
 import subprocess
@@ -8,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-ENGINE_DIR = Path(__file__).resolve().parents[1] / "oxygen_ros" / "engine"
+PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "oxygen_ros"
+ROS_FREE = ("engine", "sim")
 FORBIDDEN_ROOTS = {
     "rclpy",
     "rosidl_runtime_py",
@@ -26,13 +29,13 @@ FORBIDDEN_ROOTS = {
 }
 
 
-def _forbidden(name: str) -> bool:
+def _forbidden(name: str, package: str = "engine") -> bool:
     parts = name.split(".")
     return (
         parts[0] in FORBIDDEN_ROOTS
         or "msg" in parts[1:]
         or "srv" in parts[1:]
-        or (parts[0] == "oxygen_ros" and len(parts) > 1 and parts[1] != "engine")
+        or (parts[0] == "oxygen_ros" and len(parts) > 1 and parts[1] != package)
     )
 
 
@@ -48,18 +51,26 @@ def _imports(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def _engine_modules() -> list[Path]:
-    return sorted(p for p in ENGINE_DIR.rglob("*.py") if "__pycache__" not in p.parts)
+def _modules(package: str) -> list[Path]:
+    directory = PACKAGE_ROOT / package
+    return sorted(p for p in directory.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-def test_engine_has_modules() -> None:
-    assert len(_engine_modules()) >= 1
+@pytest.mark.parametrize("package", ROS_FREE)
+def test_package_has_modules(package: str) -> None:
+    assert len(_modules(package)) >= 2
 
 
-@pytest.mark.parametrize("path", _engine_modules(), ids=lambda p: p.name)
-def test_engine_module_imports_no_ros(path: Path) -> None:
-    bad = [f"{path.name}:{line}: {name}" for line, name in _imports(path) if _forbidden(name)]
-    assert not bad, "engine must stay ROS-free:\n" + "\n".join(bad)
+@pytest.mark.parametrize(
+    ("package", "path"),
+    [(package, path) for package in ROS_FREE for path in _modules(package)],
+    ids=lambda v: v if isinstance(v, str) else v.name,
+)
+def test_module_imports_no_ros(package: str, path: Path) -> None:
+    bad = [
+        f"{path.name}:{line}: {name}" for line, name in _imports(path) if _forbidden(name, package)
+    ]
+    assert not bad, f"{package} must stay ROS-free:\n" + "\n".join(bad)
 
 
 def test_forbidden_detector_catches_rclpy(tmp_path: Path) -> None:
@@ -73,11 +84,12 @@ def test_forbidden_detector_catches_rclpy(tmp_path: Path) -> None:
     ]
 
 
-def test_importing_every_engine_module_loads_no_ros() -> None:
+@pytest.mark.parametrize("package", ROS_FREE)
+def test_importing_every_module_loads_no_ros(package: str) -> None:
     names = [
-        "oxygen_ros.engine" + ("" if p.stem == "__init__" else "." + p.stem)
-        for p in _engine_modules()
-        if p.parent == ENGINE_DIR
+        f"oxygen_ros.{package}" + ("" if p.stem == "__init__" else "." + p.stem)
+        for p in _modules(package)
+        if p.parent == PACKAGE_ROOT / package
     ]
     code = (
         "import importlib, sys\n"
