@@ -1,7 +1,8 @@
-"""Humanoid bring-up: `ros2 launch oxygen_ros humanoid.launch.py [use_sim:=true] ...`.
+"""Bring-up: `ros2 launch oxygen_ros humanoid.launch.py [profile:=workcell] [use_sim:=true] ...`.
 
 The node graph and argument handling live in `oxygen_ros.graph` (shared with the project's own
 bring-up command, so the two cannot drift); this file only maps them onto launch/launch_ros.
+`workcell.launch.py` is this file with `profile` defaulting to `workcell`.
 """
 
 from launch import LaunchDescription
@@ -30,11 +31,17 @@ def _nodes(context, *args, **kwargs):
     ]
 
 
-def generate_launch_description() -> LaunchDescription:
+def generate_launch_description(defaults: dict[str, str] | None = None) -> LaunchDescription:
+    """Declares every graph argument (`defaults` overrides some defaults) and the nodes."""
+    defaults = defaults or {}
     return LaunchDescription(
         [
             *(
-                DeclareLaunchArgument(a.name, default_value=a.default, description=a.description)
+                DeclareLaunchArgument(
+                    a.name,
+                    default_value=defaults.get(a.name, a.default),
+                    description=a.description,
+                )
                 for a in graph.LAUNCH_ARGUMENTS
             ),
             OpaqueFunction(function=_nodes),

@@ -2,7 +2,8 @@
 
 Starts the node processes of `oxygen_ros.graph` (the same graph, YAML and argument handling as
 `launch/humanoid.launch.py`; `use_sim` defaults to true here because these machines have no
-robot), then shows a live console view: action rate, frame time, tokens/s, the speech text as it
+robot; `profile:=workcell` brings up the simulated ALOHA workcell), then shows a live console
+view: action rate, frame time, tokens/s, the workcell's episode status, the speech text as it
 streams, and memory entries. Node output goes to one log file per node.
 
 Invariants:
@@ -63,7 +64,7 @@ def parse_args(argv: Sequence[str]) -> tuple[dict[str, str], argparse.Namespace]
     )
     parser = argparse.ArgumentParser(
         prog="python -m oxygen_ros.bringup",
-        description="Start the oxygen_ros humanoid graph with a live console view.",
+        description="Start an oxygen_ros graph (humanoid or workcell) with a live console view.",
         epilog=f"launch arguments (name:=value):\n{known}\n(use_sim defaults to true here)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -126,19 +127,22 @@ def tail(path: Path, lines: int = 15) -> str:
 
 
 def topic_names(params_file: str) -> dict[str, str]:
-    """The inference node's output topics from the YAML (defaults from the declarations)."""
+    """The inference node's output topics and the workcell simulator's episode status topic
+    from the YAML (defaults from the declarations)."""
     import yaml
 
-    from oxygen_ros.nodes.params import INFERENCE
+    from oxygen_ros.nodes.params import INFERENCE, WORKCELL_SIM
 
-    names = {s.name: s.default for s in INFERENCE if s.name.endswith("_topic")}
+    inference = {s.name: s.default for s in INFERENCE if s.name.endswith("_topic")}
+    status = {s.name: s.default for s in WORKCELL_SIM if s.name == "episode_status_topic"}
+    names = {**inference, **status}
     try:
         data = yaml.safe_load(Path(params_file).read_text()) or {}
     except (OSError, yaml.YAMLError):
         return names
-    for section in ("/**", "inference"):
+    for section, keys in (("/**", names), ("inference", inference), ("workcell_sim", status)):
         values = (data.get(section) or {}).get("ros__parameters") or {}
-        names.update({k: v for k, v in values.items() if k in names and isinstance(v, str)})
+        names.update({k: v for k, v in values.items() if k in keys and isinstance(v, str)})
     return names
 
 
@@ -151,9 +155,9 @@ class ConsoleView:
         from rclpy.executors import SingleThreadedExecutor
         from rclpy.signals import SignalHandlerOptions
 
-        from oxygen_ros.msg import ActionChunk, MemoryEntry, SpeechToken
+        from oxygen_ros.msg import ActionChunk, EpisodeStatus, MemoryEntry, SpeechToken
         from oxygen_ros.nodes.engine_bridge import RateMeter
-        from oxygen_ros.nodes.runtime import RELIABLE_QOS, SPEECH_QOS, latched_qos
+        from oxygen_ros.nodes.runtime import LATCHED_QOS, RELIABLE_QOS, SPEECH_QOS, latched_qos
 
         self.context = rclpy.Context()
         rclpy.init(context=self.context, signal_handler_options=SignalHandlerOptions.NO)
@@ -168,6 +172,10 @@ class ConsoleView:
         self.speech: collections.OrderedDict[str, list] = collections.OrderedDict()
         self.memory: collections.deque = collections.deque(maxlen=MEMORY_LINES)
         self.num_memory = 0
+        self.episode = None  # the newest EpisodeStatus (workcell profile)
+        self.node.create_subscription(
+            EpisodeStatus, topics["episode_status_topic"], self._on_episode, LATCHED_QOS
+        )
         self.node.create_subscription(
             ActionChunk, topics["actions_topic"], self._on_action, RELIABLE_QOS
         )
@@ -211,6 +219,10 @@ class ConsoleView:
             self.memory.append((msg.entry_id, msg.kind, msg.text))
             self.num_memory += 1
 
+    def _on_episode(self, msg) -> None:
+        with self._lock:
+            self.episode = msg
+
     def _on_diagnostics(self, msg) -> None:
         from oxygen_ros.nodes.conversions import diagnostic_values
 
@@ -230,7 +242,7 @@ class ConsoleView:
             diags = dict(self.diagnostics)
             speech = list(self.speech.items())
             memory = list(self.memory)
-            num_memory, chunk = self.num_memory, self.last_chunk
+            num_memory, chunk, episode = self.num_memory, self.last_chunk, self.episode
         inf = diags.get("inference", (0, "", {}))[2]
         per = diags.get("perception", (0, "", {}))[2]
         running = " ".join(
@@ -249,6 +261,8 @@ class ConsoleView:
             f"{inf.get('watchdog', '-')}",
             f"  perception {_fmt(per.get('observation_rate_hz'), 'Hz')} frames",
         ]
+        if episode is not None:
+            lines.append(episode_line(episode))
         for name, (lvl, message, _) in sorted(diags.items()):
             lines.append(f"  status     {name}: {level.get(lvl, lvl)} {message}")
         lines.append("  speech:")
@@ -268,6 +282,22 @@ class ConsoleView:
         self.node.destroy_node()
         self.context.try_shutdown()
         self._thread.join(2.0)
+
+
+EPISODE_PHASES = {0: "IDLE", 1: "RUNNING", 2: "SUCCEEDED", 3: "FAILED"}
+
+
+def episode_line(status) -> str:
+    """One console line for an `EpisodeStatus`."""
+    phase = EPISODE_PHASES.get(status.phase, str(status.phase))
+    success = (
+        f"   success at {status.time_to_success_s:.1f} s" if status.time_to_success_s >= 0 else ""
+    )
+    return (
+        f"  episode    #{status.episode_id} {phase} {_clip(status.instruction, 40)!r}   "
+        f"t {status.elapsed_s:5.1f}/{status.time_limit_s:.0f} s   stage {status.stage!r}"
+        f"{success}   rtf {status.real_time_factor:.2f}   starved {status.starvation_events}"
+    )
 
 
 def _fmt(value: str | None, unit: str) -> str:

@@ -1,12 +1,17 @@
-"""The humanoid node graph, defined once.
+"""The node graphs of the robot profiles, defined once.
 
-Both `launch/humanoid.launch.py` (for `ros2 launch` on a real ROS 2 install) and the project's
-own bring-up (`python -m oxygen_ros.bringup`, used where `launch` is not installable) build their
-processes from `resolve()`, so the two cannot drift: same nodes, same names, same YAML, same
-argument handling.
+Both launch files (`launch/humanoid.launch.py`, `launch/workcell.launch.py`, for `ros2 launch` on
+a real ROS 2 install) and the project's own bring-up (`python -m oxygen_ros.bringup`, used where
+`launch` is not installable) build their processes from `resolve()`, so they cannot drift: same
+nodes, same names, same YAML, same argument handling.
 
-Invariant: every launch argument has a string default; an empty `model_preset` or
-`checkpoint_dir` means "keep the YAML's value".
+Profiles: `humanoid` (synthetic sensors when simulated, perception, inference) and `workcell`
+(the simulated ALOHA workcell, perception, and the policy: the inference node with
+`policy:=model`, the scripted expert with `policy:=expert`). Each profile's parameters are in
+`config/<profile>.yaml` unless `params_file` names another file.
+
+Invariant: every launch argument has a string default; an empty `model_preset`,
+`checkpoint_dir` or `real_time_factor` means "keep the YAML's value".
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ class LaunchArgument:
 
 
 LAUNCH_ARGUMENTS: tuple[LaunchArgument, ...] = (
-    LaunchArgument("params_file", "", "YAML parameter file (empty: config/humanoid.yaml)"),
+    LaunchArgument("profile", "humanoid", "robot profile: humanoid or workcell"),
+    LaunchArgument("params_file", "", "YAML parameter file (empty: config/<profile>.yaml)"),
     LaunchArgument("namespace", "", "namespace for every node (empty: none)"),
     LaunchArgument("model_preset", "", "engine preset, tiny or pi05 (empty: the YAML's value)"),
     LaunchArgument(
@@ -38,8 +44,25 @@ LAUNCH_ARGUMENTS: tuple[LaunchArgument, ...] = (
         "openpi checkpoint directory with params/ and assets/ (empty: the YAML's value; "
         "no checkpoint: random init, outputs meaningless)",
     ),
-    LaunchArgument("use_sim", "false", "start the synthetic humanoid sensor node (true/false)"),
+    LaunchArgument(
+        "use_sim",
+        "false",
+        "start the profile's simulator: synthetic sensors (humanoid) or the workcell "
+        "simulation (true/false)",
+    ),
+    LaunchArgument(
+        "policy",
+        "model",
+        "what commands the robot: model (inference node) or expert (scripted, workcell only)",
+    ),
+    LaunchArgument(
+        "real_time_factor",
+        "",
+        "workcell simulation speed, sim seconds per wall second (empty: the YAML's value)",
+    ),
 )
+PROFILES = ("humanoid", "workcell")
+POLICIES = ("model", "expert")
 
 
 @dataclass(frozen=True)
@@ -51,11 +74,25 @@ class NodeSpec:
     name: str  # node name (the YAML's top-level key)
     sim_only: bool = False  # started only when use_sim is true
     overridable: tuple[str, ...] = ()  # launch arguments that override same-named parameters
+    profiles: tuple[str, ...] = PROFILES  # profiles that include this node
+    policy: str = ""  # started only with this policy ("": always)
 
 
 NODES: tuple[NodeSpec, ...] = (
     NodeSpec(
-        "sim_sensors_node", "oxygen_ros.nodes.sim_sensors_node", "sim_sensors", sim_only=True
+        "sim_sensors_node",
+        "oxygen_ros.nodes.sim_sensors_node",
+        "sim_sensors",
+        sim_only=True,
+        profiles=("humanoid",),
+    ),
+    NodeSpec(
+        "workcell_sim_node",
+        "oxygen_ros.nodes.workcell_sim_node",
+        "workcell_sim",
+        sim_only=True,
+        overridable=("real_time_factor",),
+        profiles=("workcell",),
     ),
     NodeSpec("perception_node", "oxygen_ros.nodes.perception_node", "perception"),
     NodeSpec(
@@ -63,6 +100,14 @@ NODES: tuple[NodeSpec, ...] = (
         "oxygen_ros.nodes.inference_node",
         "inference",
         overridable=("model_preset", "checkpoint_dir"),
+        policy="model",
+    ),
+    NodeSpec(
+        "expert_node",
+        "oxygen_ros.nodes.expert_node",
+        "expert",
+        profiles=("workcell",),
+        policy="expert",
     ),
 )
 
@@ -74,7 +119,7 @@ class ResolvedNode:
     spec: NodeSpec
     namespace: str  # "" or a namespace without a trailing slash
     params_file: str  # absolute path of the YAML file
-    overrides: dict[str, str] = field(default_factory=dict)  # parameter -> value
+    overrides: dict[str, str | float] = field(default_factory=dict)  # parameter -> value
 
     def ros_arguments(self) -> list[str]:
         """Command-line `--ros-args` for the bring-up (what `launch_ros.actions.Node` builds)."""
@@ -96,8 +141,19 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r} (use true or false)")
 
 
-def default_params_file() -> Path:
-    """config/humanoid.yaml from the package's share directory, else from the source tree."""
+def parse_factor(text: str) -> float:
+    """A real-time factor: a number > 0 (a float parameter, so never passed on as a string)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"real_time_factor must be a number > 0, got {text!r}")
+    return value
+
+
+def default_params_file(profile: str = "humanoid") -> Path:
+    """config/<profile>.yaml from the package's share directory, else from the source tree."""
     try:
         from ament_index_python.packages import (
             PackageNotFoundError,
@@ -105,14 +161,14 @@ def default_params_file() -> Path:
         )
 
         try:
-            shared = Path(get_package_share_directory(PACKAGE)) / "config" / "humanoid.yaml"
+            shared = Path(get_package_share_directory(PACKAGE)) / "config" / f"{profile}.yaml"
             if shared.is_file():
                 return shared
         except PackageNotFoundError:
             pass
     except ImportError:
         pass
-    return Path(__file__).resolve().parents[1] / "config" / "humanoid.yaml"
+    return Path(__file__).resolve().parents[1] / "config" / f"{profile}.yaml"
 
 
 def resolve(arguments: Mapping[str, str]) -> list[ResolvedNode]:
@@ -125,7 +181,8 @@ def resolve(arguments: Mapping[str, str]) -> list[ResolvedNode]:
         The nodes to start, in start order (sensors first, inference last).
 
     Raises:
-        ValueError: an unknown argument, a bad boolean, or a missing params file.
+        ValueError: an unknown argument, a bad boolean, profile, policy or real-time factor,
+            or a missing params file.
     """
     known = {a.name: a.default for a in LAUNCH_ARGUMENTS}
     unknown = sorted(set(arguments) - set(known))
@@ -133,10 +190,22 @@ def resolve(arguments: Mapping[str, str]) -> list[ResolvedNode]:
         raise ValueError(f"unknown launch argument(s) {unknown}; known: {sorted(known)}")
     values = {**known, **{k: str(v) for k, v in arguments.items()}}
     use_sim = parse_bool(values["use_sim"])
+    profile, policy = values["profile"].strip(), values["policy"].strip()
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if not any(profile in n.profiles and n.policy == policy for n in NODES):
+        raise ValueError(f"policy {policy!r} is not available for profile {profile!r}")
+    overrides_by_name: dict[str, str | float] = {
+        k: values[k] for k in ("model_preset", "checkpoint_dir") if values[k] != ""
+    }
+    if values["real_time_factor"] != "":
+        overrides_by_name["real_time_factor"] = parse_factor(values["real_time_factor"])
     params_file = (
         Path(os.path.expanduser(values["params_file"]))
         if values["params_file"]
-        else default_params_file()
+        else default_params_file(profile)
     )
     if not params_file.is_file():
         raise ValueError(f"params_file {str(params_file)!r} does not exist")
@@ -145,8 +214,10 @@ def resolve(arguments: Mapping[str, str]) -> list[ResolvedNode]:
         namespace = "/" + namespace
     nodes = []
     for spec in NODES:
-        if spec.sim_only and not use_sim:
+        if profile not in spec.profiles or (spec.sim_only and not use_sim):
             continue
-        overrides = {k: values[k] for k in spec.overridable if values[k] != ""}
+        if spec.policy and spec.policy != policy:
+            continue
+        overrides = {k: overrides_by_name[k] for k in spec.overridable if k in overrides_by_name}
         nodes.append(ResolvedNode(spec, namespace, str(params_file.resolve()), overrides))
     return nodes

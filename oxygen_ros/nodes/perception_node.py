@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import sys
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -226,7 +225,7 @@ class PerceptionNode(Node):
         self._frame_pub.publish(msg)
         self._sequence += 1
         self.counters["frames"] += 1
-        self._publish_times.append(time.monotonic())
+        self._publish_times.append(now_s(self))  # node time: sim time follows /clock
 
     def _convert(self, camera: CameraSpec, msg: Image, stamp: float) -> np.ndarray | None:
         cached = self._converted.get(camera.name)
@@ -259,7 +258,8 @@ class PerceptionNode(Node):
             self._diag_timer.timer_period_ns = int(1e9 * self._diag_period())
 
     def frame_rate(self) -> float:
-        now = time.monotonic()
+        """Frames per second of node time (simulated seconds under use_sim_time)."""
+        now = now_s(self)
         while self._publish_times and self._publish_times[0] < now - RATE_WINDOW_S:
             self._publish_times.popleft()
         return len(self._publish_times) / RATE_WINDOW_S

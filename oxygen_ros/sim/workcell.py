@@ -8,6 +8,8 @@ Invariants:
 - `time` (seconds) never goes backwards, also across `reset`: it is the clock the sim node
   publishes on `/clock`, and ROS nodes must never see time jump back.
 - Targets are clipped to the joint limits before they reach the actuators (`limits`).
+- MuJoCo's warnings are logged (logger `oxygen_ros.sim`) instead of written to the working
+  directory.
 - Rendering uses the fast settings measured on these CPUs (no shadows, reflections, skybox or
   offscreen multisampling); `render` returns a fresh HxWx3 uint8 RGB array.
 """
@@ -15,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import mujoco
 import numpy as np
@@ -23,6 +26,14 @@ from oxygen_ros.sim import robot
 from oxygen_ros.sim.scene import SceneConfig, build_model
 
 CAMERAS = ("top", "left_wrist", "right_wrist")
+DIVERGENCE_WARNINGS = (
+    mujoco.mjtWarning.mjWARN_BADQPOS,
+    mujoco.mjtWarning.mjWARN_BADQVEL,
+    mujoco.mjtWarning.mjWARN_BADQACC,
+)
+_log = logging.getLogger("oxygen_ros.sim")
+# MuJoCo's warnings go to the log, not to a MUJOCO_LOG.TXT in the working directory.
+mujoco.set_mju_user_warning(lambda message: _log.warning("MuJoCo: %s", message))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +86,7 @@ class Workcell:
         for name in config.cameras:
             if mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_CAMERA, name) < 0:
                 raise ValueError(f"camera {name!r} is not in the scene")
+        self.instabilities = 0  # physics divergences (MuJoCo reset the state), see `step`
         self._renderer: mujoco.Renderer | None = None
         if config.render:
             m.vis.quality.offsamples = 0
@@ -175,9 +187,22 @@ class Workcell:
         return q
 
     def step(self, duration_s: float) -> None:
-        """Advances physics by `duration_s`, rounded to whole timesteps (at least one)."""
+        """Advances physics by `duration_s`, rounded to whole timesteps (at least one).
+
+        If the physics diverged (MuJoCo then resets the state, time included), the time is put
+        back where it would have been and `instabilities` counts it: the clock stays monotonic
+        and the robot is back at its model's rest state, which the caller should treat as a
+        failed episode."""
         steps = max(1, round(duration_s / self.model.opt.timestep))
+        expected = self.data.time + steps * self.model.opt.timestep
+        bad = self._divergences()
         mujoco.mj_step(self.model, self.data, nstep=steps)
+        if self._divergences() != bad:
+            self.instabilities += 1
+            self.data.time = expected
+
+    def _divergences(self) -> int:
+        return sum(self.data.warning[w].number for w in DIVERGENCE_WARNINGS)
 
     def joint_positions(self) -> np.ndarray:
         """The 14 joints in `robot.JOINT_NAMES` order (gripper normalised)."""

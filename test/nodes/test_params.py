@@ -1,19 +1,39 @@
-"""Parameter specs: conversion, checks, and config/humanoid.yaml matching the declarations."""
+"""Parameter specs: conversion, checks, and config/<profile>.yaml matching the declarations."""
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from oxygen_ros.nodes import params as P
 from oxygen_ros.nodes.engine_bridge import build_engine_config
 
-YAML_PATH = Path(__file__).resolve().parents[2] / "config" / "humanoid.yaml"
-NODE_SPECS = {
-    "sim_sensors": (P.SHARED + P.SIM_SENSORS, P.SIM_CAMERA),
-    "perception": (P.SHARED + P.PERCEPTION, P.PERCEPTION_CAMERA),
-    "inference": (P.SHARED + P.INFERENCE, ()),
+CONFIG = Path(__file__).resolve().parents[2] / "config"
+YAML_PATH = CONFIG / "humanoid.yaml"
+# Parameters every rclpy node declares itself (set per node in the YAML, never in our tables).
+ROS_BUILTIN = {"use_sim_time"}
+PROFILE_NODES = {
+    "humanoid": {
+        "sim_sensors": (P.SHARED + P.SIM_SENSORS, P.SIM_CAMERA),
+        "perception": (P.SHARED + P.PERCEPTION, P.PERCEPTION_CAMERA),
+        "inference": (P.SHARED + P.INFERENCE, ()),
+    },
+    "workcell": {
+        "workcell_sim": (P.SHARED + P.WORKCELL_SIM, P.WORKCELL_CAMERA),
+        "perception": (P.SHARED + P.PERCEPTION, P.PERCEPTION_CAMERA),
+        "inference": (P.SHARED + P.INFERENCE, ()),
+    },
 }
+if hasattr(P, "EXPERT"):  # the scripted expert of the workcell profile
+    PROFILE_NODES["workcell"]["expert"] = (
+        getattr(P, "EXPERT_SHARED", P.SHARED) + P.EXPERT,
+        getattr(P, "EXPERT_CAMERA", ()),
+    )
+NODE_SPECS = PROFILE_NODES["humanoid"]
+PROFILE_NODE_PAIRS = [(prof, node) for prof, nodes in PROFILE_NODES.items() for node in nodes]
+# Nodes that follow the simulator's /clock in the workcell profile (the simulator never does).
+SIM_TIME_NODES = {"perception", "inference", "expert"}
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
@@ -26,43 +46,74 @@ def flatten(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def yaml_values(node: str) -> dict:
-    data = yaml.safe_load(YAML_PATH.read_text())
+def load(profile: str) -> dict:
+    return yaml.safe_load((CONFIG / f"{profile}.yaml").read_text())
+
+
+def yaml_values(node: str, profile: str = "humanoid") -> dict:
+    data = load(profile)
     values = flatten(data["/**"]["ros__parameters"])
     values.update(flatten(data.get(node, {}).get("ros__parameters", {})))
     return values
 
 
-def declared(node: str, values: dict) -> dict[str, P.ParamSpec]:
-    specs, camera = NODE_SPECS[node]
+def declared(node: str, values: dict, profile: str = "humanoid") -> dict[str, P.ParamSpec]:
+    specs, camera = PROFILE_NODES[profile][node]
     out = {s.name: s for s in specs}
     for name in values.get("camera_names", []):
         out.update({s.name: s for s in P.camera_specs(name, camera)})
     return out
 
 
-@pytest.mark.parametrize("node", list(NODE_SPECS))
-def test_yaml_sets_every_declared_parameter_with_a_valid_value(node: str) -> None:
-    values = yaml_values(node)
-    specs = declared(node, values)
+@pytest.mark.parametrize(("profile", "node"), PROFILE_NODE_PAIRS)
+def test_yaml_sets_every_declared_parameter_with_a_valid_value(profile: str, node: str) -> None:
+    if node not in load(profile):
+        pytest.skip(f"{profile}.yaml has no {node} section yet")
+    values = yaml_values(node, profile)
+    specs = declared(node, values, profile)
     missing = sorted(set(specs) - set(values))
-    assert not missing, f"{node}: declared but not in humanoid.yaml: {missing}"
+    assert not missing, f"{node}: declared but not in {profile}.yaml: {missing}"
     for name, spec in specs.items():
         value = None if values[name] == [] else values[name]  # ROS reads [] as "not set"
         _, reason = P.validate(spec, value)
         assert reason is None, reason
 
 
-def test_every_yaml_key_is_declared_by_some_node() -> None:
-    data = yaml.safe_load(YAML_PATH.read_text())
+@pytest.mark.parametrize("profile", list(PROFILE_NODES))
+def test_every_yaml_key_is_declared_by_some_node(profile: str) -> None:
+    data = load(profile)
     for section, body in data.items():
         keys = set(flatten(body["ros__parameters"]))
-        nodes = list(NODE_SPECS) if section == "/**" else [section]
-        known = set()
+        nodes = list(PROFILE_NODES[profile]) if section == "/**" else [section]
+        known = set(ROS_BUILTIN) if section != "/**" else set()
         for node in nodes:
-            known |= set(declared(node, yaml_values(node)))
+            known |= set(declared(node, yaml_values(node, profile), profile))
         # Per-camera width/height are for the sim; slot for perception: union over nodes.
         assert keys <= known, f"{section}: not declared: {sorted(keys - known)}"
+
+
+def test_workcell_nodes_follow_the_simulator_clock_but_the_simulator_does_not() -> None:
+    data = load("workcell")
+    assert "use_sim_time" not in data["/**"]["ros__parameters"]
+    assert not data["workcell_sim"]["ros__parameters"].get("use_sim_time", False)
+    for node in SIM_TIME_NODES & set(data):
+        assert data[node]["ros__parameters"].get("use_sim_time") is True, node
+
+
+def test_workcell_profile_matches_the_simulated_robot() -> None:
+    from oxygen_ros.sim import robot
+    from oxygen_ros.sim.workcell import CAMERAS, Workcell, WorkcellConfig
+
+    values = yaml_values("inference", "workcell")
+    assert tuple(values["joint_names"]) == robot.JOINT_NAMES
+    assert tuple(values["camera_names"]) == CAMERAS
+    slots = [values[f"cameras.{c}.slot"] for c in CAMERAS]
+    assert slots == ["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"]
+    workcell = Workcell(WorkcellConfig(render=False))
+    np.testing.assert_allclose(values["joint_position_lower"], workcell.lower, atol=1e-9)
+    np.testing.assert_allclose(values["joint_position_upper"], workcell.upper, atol=1e-9)
+    sim = yaml_values("workcell_sim", "workcell")
+    assert sim["chunk_max_age_s"] > 50 * values["action_dt_s"]  # a whole model chunk runs
 
 
 def test_yaml_builds_a_valid_engine_config() -> None:

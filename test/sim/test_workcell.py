@@ -137,3 +137,16 @@ def test_rendering_is_deterministic_and_shows_the_cubes() -> None:
 def test_unknown_camera_is_refused() -> None:
     with pytest.raises(ValueError, match="not in the scene"):
         Workcell(WorkcellConfig(cameras=("nope",), render=False))
+
+
+def test_a_diverging_simulation_keeps_time_monotonic(cell: Workcell) -> None:
+    cell.reset(robot.HOME, OBJECTS)
+    cell.step(0.1)
+    before = cell.time
+    cell.data.qvel[:] = 1e12  # provoke MuJoCo's divergence check (it resets the state)
+    cell.step(0.01)
+    assert cell.instabilities == 1
+    assert cell.time == pytest.approx(before + 0.01)
+    cell.reset(robot.HOME, OBJECTS)
+    cell.step(0.1)
+    assert cell.instabilities == 1  # positive control above; a normal step counts nothing
