@@ -121,7 +121,10 @@ def build_spec(config: SceneConfig) -> mujoco.MjSpec:
         prefix = mjcf_prefix(arm)
         gripper = spec.body(prefix + "gripper_link")
         gripper.add_site(
-            name=f"{arm}_pinch", pos=[config.pinch_offset_m, 0.0, 0.0], size=[0.005] * 3
+            name=f"{arm}_pinch",
+            pos=[config.pinch_offset_m, 0.0, 0.0],
+            size=[0.005] * 3,
+            rgba=[0.0, 0.0, 0.0, 0.0],  # invisible: cameras must not see a marker
         )
         if config.gravity_compensation:
             for body in spec.bodies:

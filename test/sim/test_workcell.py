@@ -150,3 +150,9 @@ def test_a_diverging_simulation_keeps_time_monotonic(cell: Workcell) -> None:
     cell.reset(robot.HOME, OBJECTS)
     cell.step(0.1)
     assert cell.instabilities == 1  # positive control above; a normal step counts nothing
+
+
+def test_markers_are_invisible_to_the_cameras(cell: Workcell) -> None:
+    m = cell.model
+    for site in range(m.nsite):
+        assert m.site_rgba[site][3] == 0.0, m.site(site).name  # a policy must not see markers
