@@ -28,9 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import platform
-import subprocess
 import sys
 import tempfile
 import threading
@@ -143,25 +141,19 @@ class Evaluator:
         nodes = graph.resolve(launch)
         self.params_file = Path(nodes[0].params_file)
         self.config = yaml.safe_load(self.params_file.read_text())
-        extra: dict[str, list[str]] = {}
+        # Extra parameters ride on the graph's own overrides (`-p node:param:=value`).
+        extra: dict[str, dict[str, str]] = {}
         for item in args.ros_arg:
-            node_name = item.split(":", 1)[0]
-            extra.setdefault(node_name, []).extend(["-p", item])
+            node_name, assignment = item.split(":", 1)
+            key, value = assignment.split(":=", 1)
+            extra.setdefault(node_name, {})[key] = value
         if args.policy == "model":
-            db = log_dir / "memory.sqlite3"
-            extra.setdefault("inference", []).extend(["-p", f"inference:memory_db_path:={db}"])
-        self.children = []
-        for node in nodes:
-            log_path = log_dir / f"{node.spec.name}.log"
-            cmd = [sys.executable, "-P", "-m", node.spec.module, "--ros-args"]
-            cmd += [*node.ros_arguments(), *extra.get(node.spec.name, [])]
-            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-            env.setdefault(
-                "JAX_COMPILATION_CACHE_DIR", str(Path(bringup.JAX_CACHE_DIR).expanduser())
-            )
-            with log_path.open("wb") as handle:
-                popen = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env)
-            self.children.append(bringup.Child(node.spec.name, popen, log_path))
+            extra.setdefault("inference", {})["memory_db_path"] = str(log_dir / "memory.sqlite3")
+        nodes = [
+            dataclasses.replace(n, overrides={**n.overrides, **extra.get(n.spec.name, {})})
+            for n in nodes
+        ]
+        self.children = bringup.start_children(nodes, log_dir)
         rclpy.init()
         self.node = rclpy.create_node("closed_loop_eval")
         self.executor = SingleThreadedExecutor()
