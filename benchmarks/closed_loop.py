@@ -12,12 +12,18 @@ from what the graph publishes:
   sim-time stamps, arm joints, rad/s^3: mean of |jerk| and its max), and the jump at chunk
   boundaries (a new chunk's first row against the previous chunk at the same time, max over
   joints);
-- with `--policy model`: subtask accuracy, the spoken subtask (final SpeechToken text of each
-  subtask request) against the stage the simulator state was in when it was spoken.
+- with `--policy model`: language accuracy. Each finished subtask and narration request (final
+  SpeechToken) and each memory entry is compared with what the phase the simulator state was
+  in at the observation it was started from calls for (`sim.language.targets`: the stage label
+  itself, "step i of n with the <arm> arm", the fact the episode's events established), the
+  stage looked up in the sim's EpisodeStatus history at that observation stamp;
+- with `--policy model`: the inference node's frame time and token rate from its diagnostics
+  (what separates the scheduler modes; `--scheduler` picks one).
 
 Writes JSON + a PNG strip of camera frames from the first episode to benchmarks/results/ and
 prints a table; the last line is `success_rate=<x> episodes=<n> realtime_factor=<r>`
-(plus ` subtask_accuracy=<y>` when the policy speaks).
+(plus ` subtask_accuracy=<y> narration_accuracy=<z> memory_accuracy=<w>` when the policy
+speaks).
 
 Usage: `benchmarks/closed_loop --policy expert --episodes 50 --seed-start 0
 --real-time-factor 1.0` (the wrapper sets everything up first).
@@ -42,6 +48,13 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 STRIP_TIMES_S = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0)  # sim seconds after the reset
 STARTUP_TIMEOUT_S = 300.0  # the inference node compiles the model at start
+# --scheduler name -> inference (scheduler_mode, scheduler_policy)
+SCHEDULERS = {
+    "isolated": ("isolated", "fixed"),
+    "shared_kv": ("shared_kv", "fixed"),
+    "continuous": ("continuous", "fixed"),
+    "deadline": ("continuous", "deadline"),
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,6 +71,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         metavar="NODE:PARAM:=VALUE",
         help="extra parameter override, for example inference:scheduler_mode:=isolated",
+    )
+    parser.add_argument(
+        "--scheduler",
+        choices=("", *SCHEDULERS),
+        default="",
+        help="inference scheduler: isolated, shared_kv, continuous (fixed k) or deadline "
+        "(continuous with the deadline policy); '' keeps the YAML's",
     )
     parser.add_argument("--out", default="", help="JSON path (default benchmarks/results/...)")
     parser.add_argument("--log-dir", default="", help="node logs (default: a temporary dir)")
@@ -84,6 +104,13 @@ class EpisodeRecord:
     chunks: int  # distinct chunks received during the episode
     subtasks_spoken: int
     subtasks_correct: int
+    narrations_spoken: int = 0
+    narrations_correct: int = 0
+    memories_written: int = 0
+    memories_correct: int = 0
+    spoken_examples: tuple[str, ...] = ()  # a few "kind@t: said | expected" lines
+    furthest_stage: int = -1  # index of the furthest phase the sim state reached (-1: none)
+    furthest_stage_label: str = ""
 
 
 def _seconds(stamp) -> float:
@@ -119,6 +146,74 @@ def chunk_jumps(chunks: list[tuple[int, float, float, np.ndarray]]) -> list[floa
     return jumps
 
 
+def stage_at(stages: list[tuple[float, str]], stamp: float) -> str:
+    """The last stage reported at or before `stamp` ("" before the first report)."""
+    stamps = [t for t, _ in stages]
+    i = int(np.searchsorted(stamps, stamp, side="right")) - 1
+    return stages[i][1] if i >= 0 else ""
+
+
+def furthest_stage(
+    seed: int, instruction: str, stages: list[tuple[float, str]]
+) -> tuple[int, str]:
+    """The furthest phase (index, label) the sim reported this episode; (-1, "") if none."""
+    from oxygen_ros.sim import tasks
+
+    labels = tasks.subtask_labels(tasks.sample_episode(seed, instruction))
+    reached = [labels.index(stage) for _, stage in stages if stage in labels]
+    return (max(reached), labels[max(reached)]) if reached else (-1, "")
+
+
+def score_language(
+    seed: int,
+    instruction: str,
+    reset_s: float,
+    stages: list[tuple[float, str]],
+    spoken: list[tuple[int, str, float]],
+    memories: list[tuple[str, float]],
+) -> dict[str, object]:
+    """Counts what the model said this episode and how much of it the sim state confirms.
+
+    Only requests started from an observation of this episode count (observation stamp after
+    the reset and at or after the first stage report)."""
+    from oxygen_ros.msg import SpeechToken
+    from oxygen_ros.sim import language, tasks
+
+    spec = tasks.sample_episode(seed, instruction)
+    counts = dict.fromkeys(
+        (
+            "subtasks_spoken", "subtasks_correct", "narrations_spoken", "narrations_correct",
+            "memories_written", "memories_correct",
+        ),
+        0,
+    )  # fmt: skip
+    examples: list[str] = []
+    first = stages[0][0] if stages else float("inf")
+
+    def expected(kind: str, stamp: float) -> str | None:
+        if stamp <= reset_s or stamp < first:
+            return None
+        return language.targets(spec, language.stage_index(spec, stage_at(stages, stamp)))[kind]
+
+    kinds = {SpeechToken.KIND_SUBTASK: "subtask", SpeechToken.KIND_NARRATION: "narration"}
+    items = [(kinds[k], text, t) for k, text, t in spoken if k in kinds]
+    items += [("memory", text, t) for text, t in memories]
+    for kind, text, stamp in sorted(items, key=lambda item: item[2]):
+        want = expected(kind, stamp)
+        if want is None:
+            continue
+        said, right = {
+            "subtask": ("subtasks_spoken", "subtasks_correct"),
+            "narration": ("narrations_spoken", "narrations_correct"),
+            "memory": ("memories_written", "memories_correct"),
+        }[kind]
+        counts[said] += 1
+        counts[right] += int(text == want)
+        if len(examples) < 12 and (text != want or len(examples) < 4):
+            examples.append(f"{kind}@{stamp - reset_s:.1f}s: {text!r} | {want!r}")
+    return {**counts, "spoken_examples": tuple(examples)}
+
+
 class Evaluator:
     """The graph's processes plus a measuring node in this process."""
 
@@ -149,6 +244,9 @@ class Evaluator:
             extra.setdefault(node_name, {})[key] = value
         if args.policy == "model":
             extra.setdefault("inference", {})["memory_db_path"] = str(log_dir / "memory.sqlite3")
+            if args.scheduler:
+                mode, policy = SCHEDULERS[args.scheduler]
+                extra["inference"].update(scheduler_mode=mode, scheduler_policy=policy)
         nodes = [
             dataclasses.replace(n, overrides={**n.overrides, **extra.get(n.spec.name, {})})
             for n in nodes
@@ -169,16 +267,20 @@ class Evaluator:
         return section.get(name, shared.get(name, default))
 
     def _subscribe(self) -> None:
+        from diagnostic_msgs.msg import DiagnosticArray
         from sensor_msgs.msg import Image, JointState
 
-        from oxygen_ros.msg import ActionChunk, EpisodeStatus, SpeechToken
+        from oxygen_ros.msg import ActionChunk, EpisodeStatus, MemoryEntry, SpeechToken
         from oxygen_ros.nodes.runtime import RELIABLE_QOS, SENSOR_QOS, SPEECH_QOS
         from oxygen_ros.srv import ResetEpisode
 
         self.status: EpisodeStatus | None = None
         self.joints: list[tuple[float, np.ndarray]] = []
         self.chunks: list[tuple[int, float, float, np.ndarray]] = []
-        self.spoken: list[tuple[str, str]] = []  # (spoken subtask, stage when it was spoken)
+        self.stages: list[tuple[float, str]] = []  # (sim stamp, stage) from EpisodeStatus
+        self.spoken: list[tuple[int, str, float]] = []  # (kind, final text, observation stamp)
+        self.memories: list[tuple[str, float]] = []  # (text, observation stamp)
+        self.diagnostics: list[dict[str, str]] = []  # inference node status values
         self.frames: dict[str, list[tuple[float, np.ndarray]]] = {}
         self.capture = False
         self.last_reset_s = 0.0  # sim time of the last episode's reset
@@ -209,6 +311,11 @@ class Evaluator:
                 Image, cameras[camera]["topic"], lambda m, c=camera: self._on_image(c, m),
                 SENSOR_QOS,
             )  # fmt: skip
+        self.node.create_subscription(
+            MemoryEntry, self._param("inference", "memory_topic", "oxygen/memory"),
+            self._on_memory, RELIABLE_QOS,
+        )  # fmt: skip
+        self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, 10)
         self.reset_client = self.node.create_client(
             ResetEpisode, self._param(sim, "reset_service", "workcell/reset_episode")
         )
@@ -216,6 +323,18 @@ class Evaluator:
     def _on_status(self, msg) -> None:
         with self.lock:
             self.status = msg
+            if msg.phase == msg.PHASE_RUNNING and msg.stage:
+                self.stages.append((_seconds(msg.header.stamp), msg.stage))
+
+    def _on_memory(self, msg) -> None:
+        with self.lock:
+            self.memories.append((msg.text.strip(), _seconds(msg.observation_stamp)))
+
+    def _on_diagnostics(self, msg) -> None:
+        for status in msg.status:
+            if status.name.endswith("inference"):
+                with self.lock:
+                    self.diagnostics.append({kv.key: kv.value for kv in status.values})
 
     def _on_joints(self, msg) -> None:
         stamp = _seconds(msg.header.stamp)
@@ -231,11 +350,10 @@ class Evaluator:
             self.chunks.append((msg.chunk_id, stamp, msg.dt, rows))
 
     def _on_speech(self, msg) -> None:
-        if not msg.final or msg.kind != msg.KIND_SUBTASK or msg.status not in (1, 2):
+        if not msg.final or msg.kind == msg.KIND_MEMORY or msg.status not in (1, 2):
             return
         with self.lock:
-            stage = self.status.stage if self.status is not None else ""
-            self.spoken.append((msg.text.strip(), stage))
+            self.spoken.append((msg.kind, msg.text.strip(), _seconds(msg.observation_stamp)))
 
     def _on_image(self, camera: str, msg) -> None:
         if not self.capture:
@@ -285,6 +403,8 @@ class Evaluator:
             self.joints.clear()
             self.chunks.clear()
             self.spoken.clear()
+            self.memories.clear()
+            self.stages.clear()
             for frames in self.frames.values():
                 frames.clear()
         self.capture = capture
@@ -306,6 +426,8 @@ class Evaluator:
             joints = list(self.joints)
             chunks = list(self.chunks)
             spoken = list(self.spoken)
+            memories = list(self.memories)
+            stages = list(self.stages)
         # Joint states of this episode only (the reset teleports the robot to its rest pose),
         # in stamp order without repeats.
         reset_s = self.last_reset_s = _seconds(status.header.stamp) - status.elapsed_s
@@ -316,6 +438,8 @@ class Evaluator:
             stamps = np.array([s for s, _ in joints])
             jerk = joint_jerk(stamps, np.array([q for _, q in joints])[:, arm])
         jumps = chunk_jumps(chunks)
+        language = score_language(seed, status.instruction, reset_s, stages, spoken, memories)
+        furthest, label = furthest_stage(seed, status.instruction, stages)
         return EpisodeRecord(
             seed=seed,
             instruction=status.instruction,
@@ -331,8 +455,9 @@ class Evaluator:
             chunk_jump_mean=float(np.mean(jumps)) if jumps else float("nan"),
             chunk_jump_max=float(np.max(jumps)) if jumps else float("nan"),
             chunks=len({c[0] for c in chunks}),
-            subtasks_spoken=len(spoken),
-            subtasks_correct=sum(1 for text, stage in spoken if text == stage),
+            furthest_stage=furthest,
+            furthest_stage_label=label,
+            **language,
         )
 
     def strip(self, path: Path, reset_stamp: float) -> bool:
@@ -369,6 +494,10 @@ def summarise(records: list[EpisodeRecord]) -> dict[str, float]:
         values = [v for v in values if np.isfinite(v)]
         return float(np.mean(values)) if values else float("nan")
 
+    def ratio(hits: str, total: str) -> float:
+        count = sum(getattr(r, total) for r in records)
+        return sum(getattr(r, hits) for r in records) / count if count else float("nan")
+
     spoken = sum(r.subtasks_spoken for r in records)
     return {
         "episodes": len(records),
@@ -388,23 +517,49 @@ def summarise(records: list[EpisodeRecord]) -> dict[str, float]:
             )
         ),
         "subtasks_spoken": spoken,
-        "subtask_accuracy": (sum(r.subtasks_correct for r in records) / spoken)
-        if spoken
-        else float("nan"),
+        "subtask_accuracy": ratio("subtasks_correct", "subtasks_spoken"),
+        "narrations_spoken": int(sum(r.narrations_spoken for r in records)),
+        "narration_accuracy": ratio("narrations_correct", "narrations_spoken"),
+        "memories_written": int(sum(r.memories_written for r in records)),
+        "memory_accuracy": ratio("memories_correct", "memories_written"),
+    }
+
+
+def inference_figures(diagnostics: list[dict[str, str]]) -> dict[str, float]:
+    """Frame time and token rate percentiles from the inference node's diagnostics."""
+
+    def values(key: str) -> np.ndarray:
+        out = []
+        for d in diagnostics:
+            try:
+                out.append(float(d.get(key, "nan")))
+            except ValueError:
+                continue
+        array = np.array(out, dtype=float)
+        return array[np.isfinite(array)]
+
+    frame, tokens = values("frame_time_s"), values("tokens_per_s")
+    nan = float("nan")
+    return {
+        "frame_time_s_p50": float(np.percentile(frame, 50)) if frame.size else nan,
+        "frame_time_s_p90": float(np.percentile(frame, 90)) if frame.size else nan,
+        "tokens_per_s_mean": float(tokens.mean()) if tokens.size else nan,
+        "diagnostics_samples": int(frame.size),
     }
 
 
 def print_table(records: list[EpisodeRecord], summary: dict[str, float]) -> None:
     header = (
         f"{'seed':>6} {'ok':>3} {'t_succ':>7} {'rtf':>5} {'starve':>6} {'jerk':>8} "
-        f"{'jump':>6} {'chunks':>6}  instruction"
+        f"{'jump':>6} {'chunks':>6} {'furthest':>9}  instruction"
     )
     print(header)
     for r in records:
         print(
             f"{r.seed:>6} {'yes' if r.success else 'no':>3} {r.time_to_success_s:7.2f} "
             f"{r.realtime_factor:5.2f} {r.starvation_events:>6} {r.jerk_mean:8.1f} "
-            f"{r.chunk_jump_mean:6.3f} {r.chunks:>6}  {r.instruction}"
+            f"{r.chunk_jump_mean:6.3f} {r.chunks:>6} {r.furthest_stage_label.split(' ')[0]:>9}  "
+            f"{r.instruction}"
         )
     print(
         f"success {summary['success_rate']:.2%} of {summary['episodes']}, time to success "
@@ -414,12 +569,27 @@ def print_table(records: list[EpisodeRecord], summary: dict[str, float]) -> None
         f"max {summary['jerk_max']:.1f} rad/s^3, chunk jump mean {summary['chunk_jump_mean']:.4f}"
         f" max {summary['chunk_jump_max']:.4f} rad"
     )
+    if summary.get("subtasks_spoken") or summary.get("memories_written"):
+        print(
+            f"language: subtask {summary['subtask_accuracy']:.2%} of "
+            f"{summary['subtasks_spoken']}, narration {summary['narration_accuracy']:.2%} of "
+            f"{summary['narrations_spoken']}, memory {summary['memory_accuracy']:.2%} of "
+            f"{summary['memories_written']}; frame time p50 "
+            f"{1e3 * summary.get('frame_time_s_p50', float('nan')):.0f} ms, p90 "
+            f"{1e3 * summary.get('frame_time_s_p90', float('nan')):.0f} ms, "
+            f"{summary.get('tokens_per_s_mean', float('nan')):.0f} tokens/s"
+        )
+        for r in records[:3]:
+            for line in r.spoken_examples[:4]:
+                print(f"  seed {r.seed} {line}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
     tag = f"closed_loop_{args.policy}_rtf{args.real_time_factor:g}"
+    if args.scheduler:
+        tag += f"_{args.scheduler}"
     out = Path(args.out) if args.out else RESULTS / f"{tag}.json"
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="oxygen_closed_loop_"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -429,6 +599,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         evaluator.wait_ready()
+        with evaluator.lock:
+            evaluator.diagnostics.clear()  # frame times of the episodes, not of the warm-up
         for i in range(args.episodes):
             record = evaluator.run_episode(args.seed_start + i, capture=(i == 0))
             if i == 0 and not evaluator.strip(strip_path, evaluator.last_reset_s):
@@ -443,9 +615,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         evaluator.close()
     summary = summarise(records)
+    summary.update(inference_figures(evaluator.diagnostics))
     result = {
         "benchmark": "closed_loop",
         "policy": args.policy,
+        "scheduler": args.scheduler or "yaml",
         "real_time_factor_requested": args.real_time_factor,
         "seed_start": args.seed_start,
         "ros_args": args.ros_arg,
@@ -463,6 +637,13 @@ def main(argv: list[str] | None = None) -> int:
             "realtime_factor": "simulated seconds / wall seconds per episode",
             "starvation_events": "the sim's count of command rows running out or expiring "
             "while an episode ran",
+            "subtask_accuracy": "finished subtask requests whose text equals the stage label "
+            "of the sim state at the request's observation stamp, over all such requests",
+            "narration_accuracy": "the same for narration ('step i of n with the <arm> arm')",
+            "memory_accuracy": "memory entries whose text equals sim.language.memory_text of "
+            "the stage at the entry's observation stamp",
+            "frame_time_s": "the inference node's last engine frame time, sampled from its "
+            "diagnostics during the episodes (p50, p90)",
         },
     }
     out.write_text(json.dumps(result, indent=2, default=float))
@@ -473,7 +654,11 @@ def main(argv: list[str] | None = None) -> int:
         f"realtime_factor={summary['realtime_factor_mean']:.2f}"
     )
     if args.policy == "model":
-        line += f" subtask_accuracy={summary['subtask_accuracy']:.2f}"
+        line += (
+            f" subtask_accuracy={summary['subtask_accuracy']:.2f}"
+            f" narration_accuracy={summary['narration_accuracy']:.2f}"
+            f" memory_accuracy={summary['memory_accuracy']:.2f}"
+        )
     print(line)
     return 0
 

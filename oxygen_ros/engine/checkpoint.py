@@ -117,6 +117,10 @@ class Normalizer:
             None if self.state_stats is None else {"state": self.state_stats},
             use_quantiles=config.use_quantiles,
         )
+        self._normalize_actions = _transforms.Normalize(
+            None if self.action_stats is None else {"actions": self.action_stats},
+            use_quantiles=config.use_quantiles,
+        )
         self._unnormalize = _transforms.Unnormalize(
             None if self.action_stats is None else {"actions": self.action_stats},
             use_quantiles=config.use_quantiles,
@@ -130,6 +134,11 @@ class Normalizer:
     def normalize_state(self, state: np.ndarray) -> np.ndarray:
         """Raw state [n] -> normalised state [n] (quantile: q01..q99 -> -1..1)."""
         return np.asarray(self._normalize({"state": np.asarray(state, np.float32)})["state"])
+
+    def normalize_actions(self, actions: np.ndarray) -> np.ndarray:
+        """Robot actions [..., J] -> model units (what training regresses)."""
+        out = self._normalize_actions({"actions": np.asarray(actions, np.float32)})["actions"]
+        return np.asarray(out, np.float32)
 
     def unnormalize_actions(self, actions: np.ndarray) -> np.ndarray:
         """Model actions [..., J] -> robot units; dims beyond the stats pass through."""

@@ -6,6 +6,11 @@ Presets (`get_model_config(name)`):
 - `tiny`: openpi's `dummy` Gemma for both experts + SigLIP `mu/14` at 224 px, float32
   (about 17e6 parameters, most of them the 257,152-row embedding). Same code paths, prefix
   length and action horizon (50) as `pi05`, so it exercises everything on a CPU in CI.
+- `workcell`: the preset trained on the simulated workcell here (oxygen_ros.training): `dummy`
+  Gemma x2 + SigLIP `mu/16` at 96 px (36 tokens per camera instead of 256), an 80-token
+  prompt budget (the longest instruction + 14 three-digit joint states fit) and a horizon of
+  10 actions (1 s at the demonstrations' 10 Hz). Same code paths as `pi05`; the prefix is 188
+  tokens instead of 968, so a training step fits these CPUs.
 
 Invariants:
 - Every config is a frozen, hashable dataclass; compiled model functions are cached per
@@ -27,7 +32,7 @@ from typing import Literal
 
 from oxygen_ros.engine.types import RequestKind
 
-PRESET_NAMES = ("tiny", "pi05")
+PRESET_NAMES = ("tiny", "workcell", "pi05")
 PI05_IMAGE_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 PALIGEMMA_VOCAB_SIZE = 257_152  # rows of the tied embedding in every openpi Gemma variant
 
@@ -66,13 +71,25 @@ class ModelConfig:
 
 
 def get_model_config(name: str) -> ModelConfig:
-    """Returns the named preset (`tiny` or `pi05`)."""
+    """Returns the named preset (`tiny`, `workcell` or `pi05`)."""
     if name == "tiny":
         return ModelConfig(
             name="tiny",
             paligemma_variant="dummy",
             action_expert_variant="dummy",
             vision_variant="mu/14",
+            dtype="float32",
+            param_dtype="float32",
+        )
+    if name == "workcell":
+        return ModelConfig(
+            name="workcell",
+            paligemma_variant="dummy",
+            action_expert_variant="dummy",
+            vision_variant="mu/16",
+            image_resolution=(96, 96),
+            action_horizon=10,
+            max_token_len=80,
             dtype="float32",
             param_dtype="float32",
         )

@@ -27,6 +27,7 @@ logger = logging.getLogger("oxygen_ros.engine")
 
 ASSETS_DIR = pathlib.Path(__file__).resolve().parent / "assets"
 BUNDLED_TOKENIZER_PATH = ASSETS_DIR / "oxygen_tiny_tokenizer.model"
+TOKENIZER_FILE = "tokenizer.model"  # a checkpoint's own tokenizer, next to its norm stats
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 
 
@@ -68,15 +69,21 @@ class Tokenizer:
 def resolve_tokenizer_path(config: EngineConfig) -> pathlib.Path:
     """Chooses the tokenizer file for an engine config.
 
-    Explicit `tokenizer_path` wins; otherwise openpi's cached PaliGemma model. Without a
-    checkpoint a missing PaliGemma model falls back to the bundled small model (logged);
-    with a checkpoint it is an error naming the path.
+    Explicit `tokenizer_path` wins; then the checkpoint's own tokenizer
+    (`<checkpoint_dir>/assets/<assets_id>/tokenizer.model`, written by oxygen_ros.training);
+    otherwise openpi's cached PaliGemma model. Without a checkpoint a missing PaliGemma model
+    falls back to the bundled small model (logged); with a checkpoint it is an error naming
+    the path.
     """
     if config.tokenizer_path is not None:
         path = pathlib.Path(config.tokenizer_path).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer_path does not exist: {path}")
         return path
+    if config.checkpoint_dir is not None and config.assets_id is not None:
+        own = pathlib.Path(config.checkpoint_dir) / "assets" / config.assets_id / TOKENIZER_FILE
+        if own.is_file():
+            return own
     path = default_tokenizer_path()
     if path.is_file():
         return path

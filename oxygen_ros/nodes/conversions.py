@@ -260,10 +260,16 @@ def joint_trajectory_msg(
 
 
 # ---------------------------------------------------------------------------------- speech
-def speech_token_msg(output: RequestOutput, stamp: Time) -> SpeechToken:
-    """One engine `RequestOutput` -> `SpeechToken` (final when the request finished)."""
+def speech_token_msg(
+    output: RequestOutput, stamp: Time, observation_stamp: float | None = None
+) -> SpeechToken:
+    """One engine `RequestOutput` -> `SpeechToken` (final when the request finished).
+
+    `observation_stamp`: seconds of the frame the request started from (None: zero)."""
     msg = SpeechToken()
     msg.header.stamp = stamp
+    if observation_stamp is not None:
+        msg.observation_stamp = seconds_to_time(observation_stamp)
     msg.request_id = output.request_id
     msg.kind = KIND_TO_MSG[output.kind]
     msg.token_index = max(int(output.first_index), 0)

@@ -33,10 +33,13 @@ from oxygen_ros.engine.config import (
     get_model_config,
 )
 from oxygen_ros.engine.types import LanguageRequest, RequestKind
+from oxygen_ros.resources import resolve_path
 
 
 def build_engine_config(values: Mapping[str, Any], num_joints: int) -> EngineConfig:
     """The engine's frozen config from the inference node's parameter values.
+
+    `checkpoint_dir` and `tokenizer_path` may be `package://` URIs (oxygen_ros.resources).
 
     Raises:
         ValueError: An unknown preset, more joints than the model's action dimension, or a
@@ -75,9 +78,9 @@ def build_engine_config(values: Mapping[str, Any], num_joints: int) -> EngineCon
         prompt=prompt,
         cache=cache,
         scheduler=scheduler,
-        checkpoint_dir=values["checkpoint_dir"] or None,
+        checkpoint_dir=resolve_path(values["checkpoint_dir"]) or None,
         assets_id=values["assets_id"] or None,
-        tokenizer_path=values["tokenizer_path"] or None,
+        tokenizer_path=resolve_path(values["tokenizer_path"]) or None,
         action_output_dim=num_joints,
         seed=values["seed"],
     )

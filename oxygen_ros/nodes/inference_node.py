@@ -207,6 +207,11 @@ class InferenceNode(Node):
         self._action_thread = threading.Thread(
             target=self._action_loop, name="actions", daemon=True
         )
+        self._subtask_timer = self.create_timer(
+            self._period("subtask_period_s"),
+            lambda: self._periodic(RequestKind.SUBTASK),
+            callback_group=self._io_group,
+        )
         self._narration_timer = self.create_timer(
             self._period("narration_period_s"),
             lambda: self._periodic(RequestKind.NARRATION),
@@ -260,6 +265,7 @@ class InferenceNode(Node):
             self._action_period_s = 1.0 / changed["action_rate_hz"]
             self.get_logger().info(f"action_rate_hz -> {changed['action_rate_hz']:g}")
         for name, timer in (
+            ("subtask_period_s", self._subtask_timer),
             ("narration_period_s", self._narration_timer),
             ("memory_period_s", self._memory_timer),
             ("diagnostics_period_s", self._diag_timer),
@@ -327,7 +333,7 @@ class InferenceNode(Node):
         self._wake_engine()
 
     def _periodic(self, kind: RequestKind) -> None:
-        name = "narration_period_s" if kind == RequestKind.NARRATION else "memory_period_s"
+        name = f"{kind.value}_period_s"
         if not self.params[name] or self._engine_state != "ready":
             return
         if self._queue.busy(kind):
@@ -528,7 +534,8 @@ class InferenceNode(Node):
         if not self._queue.is_in_flight(output.request_id):
             self.counters["outputs_not_in_flight"] += 1  # already ended by the node
             return
-        self._speech_pub.publish(speech_token_msg(output, stamp))
+        started = self._admitted.get(output.request_id, (observation_stamp, prompt))[0]
+        self._speech_pub.publish(speech_token_msg(output, stamp, started))
         self._token_rate.add(len(output.new_token_ids))
         if not output.status.finished:
             count, text = self._streamed.get(output.request_id, (0, ""))
@@ -565,10 +572,12 @@ class InferenceNode(Node):
     def _publish_final(
         self, request_id: str, kind: RequestKind, status: RequestStatus, error: str
     ) -> None:
-        self._admitted.pop(request_id, None)
+        started = self._admitted.pop(request_id, (None, ""))[0]
         count, text = self._streamed.pop(request_id, (0, ""))  # what the stream already carried
         output = RequestOutput(request_id, kind, (), "", count, status, text, error)
-        self._speech_pub.publish(speech_token_msg(output, self.get_clock().now().to_msg()))
+        self._speech_pub.publish(
+            speech_token_msg(output, self.get_clock().now().to_msg(), started)
+        )
 
     def _abort_all(self, reason: str) -> None:
         for request in self._queue.drain():
@@ -736,7 +745,8 @@ class InferenceNode(Node):
     # ================================================================ shutdown
     def close(self) -> None:
         """Stops timers and the engine thread, ends requests, closes the database."""
-        for timer in (self._narration_timer, self._memory_timer, self._diag_timer):
+        timers = (self._subtask_timer, self._narration_timer, self._memory_timer, self._diag_timer)
+        for timer in timers:
             timer.cancel()
         self._stop.set()
         self._wake_engine()

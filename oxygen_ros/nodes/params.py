@@ -22,6 +22,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from oxygen_ros.engine.config import PRESET_NAMES
+
 Check = Callable[[Any], str | None]
 
 
@@ -402,7 +404,7 @@ FAULT_INJECTIONS = ("", "engine_exception", "nan_chunk")
 
 INFERENCE: tuple[ParamSpec, ...] = (
     # engine
-    ParamSpec("model_preset", "tiny", "engine model preset", "str", check=one_of("tiny", "pi05")),
+    ParamSpec("model_preset", "tiny", "engine model preset", "str", check=one_of(*PRESET_NAMES)),
     ParamSpec("checkpoint_dir", "", "openpi checkpoint dir ('' = random init)", "str"),
     ParamSpec("assets_id", "", "assets/<id>/norm_stats.json ('' = no normalisation)", "str"),
     ParamSpec("tokenizer_path", "", "SentencePiece model ('' = engine default)", "str"),
@@ -587,6 +589,14 @@ INFERENCE: tuple[ParamSpec, ...] = (
         "longer instructions are truncated",
         "int",
         check=int_range(1, 100_000),
+    ),
+    ParamSpec(
+        "subtask_period_s",
+        0.0,
+        "subtask request period (0: only when a new instruction arrives)",
+        "float",
+        runtime=True,
+        check=period_or_zero(),
     ),
     ParamSpec(
         "narration_period_s",

@@ -52,6 +52,17 @@ def test_presets_have_openpi_image_layout() -> None:
     for name in PRESET_NAMES:
         config = get_model_config(name)
         assert config.image_keys == ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
-        assert config.prefix_len == 3 * 256 + config.max_token_len
+        tokens = 36 if name == "workcell" else 256  # 96 px / 16 vs 224 px / 14
+        assert config.num_image_tokens == tokens
+        assert config.prefix_len == 3 * tokens + config.max_token_len
+
+
+def test_workcell_tree_differs_from_tiny_only_in_sizes() -> None:
+    """Same code paths: every parameter path of `tiny` exists in `workcell` and vice versa."""
+    tiny = param_shapes(abstract_model(get_model_config("tiny")))
+    workcell = param_shapes(abstract_model(get_model_config("workcell")))
+    assert set(tiny) == set(workcell)
+    differ = {k for k in tiny if tiny[k] != workcell[k]}
+    assert differ and all(k.startswith("PaliGemma/img/") for k in differ), differ
     with pytest.raises(ValueError, match="unknown model preset 'big'"):
         get_model_config("big")

@@ -258,6 +258,40 @@ def test_speech_streams_in_order_and_overlapping_requests_interleave(graph) -> N
     assert overlapped(graph, *pairs[-1]), f"no overlapping pair in {pairs}"
 
 
+def test_periodic_subtask_requests_carry_their_observation_stamp(graph) -> None:
+    """subtask_period_s (runtime) re-asks the subtask without a new instruction; 0 stops it."""
+    graph.instruction_pub.publish(String(data="stack the blue block"))
+    wait_for(lambda: subtask_ids(graph), 60, "the instruction's subtask")
+    assert graph.set_param("subtask_period_s", 0.5).successful
+    known = subtask_ids(graph)
+    wait_for(lambda: len(subtask_ids(graph) - known) >= 3, 30, "three periodic subtasks")
+    assert graph.set_param("subtask_period_s", 0.0).successful
+    stopped = graph.now()
+    periodic = sorted(subtask_ids(graph) - known)
+    wait_for(lambda: all(graph.finished(r) for r in periodic), 60, "periodic subtasks finish")
+    for request_id in periodic:
+        messages = graph.speech_of(request_id)
+        started = {time_to_seconds(m.observation_stamp) for m in messages}
+        assert len(started) == 1, started  # one frame started it, every message names it
+        (stamp,) = started
+        assert 0 < stamp <= min(time_to_seconds(m.header.stamp) for m in messages)
+    # Positive control for "0 stops it": a narration still flows while no subtask starts.
+    wait_for(
+        lambda: any(
+            m.kind == SpeechToken.KIND_NARRATION and m.final and t > stopped + 1.0
+            for t, m in graph.speech
+        ),
+        30,
+        "a narration after the period was set to 0",
+    )
+    late = {
+        m.request_id for t, m in graph.speech
+        if m.kind == SpeechToken.KIND_SUBTASK and t > stopped + 1.0 and m.token_index == 0
+        and m.request_id not in periodic
+    }  # fmt: skip
+    assert not late, late
+
+
 def test_memory_entries_latched_for_late_joiners_and_queryable(graph) -> None:
     wait_for(lambda: len(graph.memory) >= 2, 30, "two memory entries")
     reply = graph.call(

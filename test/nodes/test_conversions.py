@@ -185,3 +185,17 @@ def test_rgb_image_msg_is_unpadded_rgb8() -> None:
     img = np.zeros((2, 3, 3), dtype=np.uint8)
     msg = rgb_image_msg(img, Time(sec=1), "cam")
     assert (msg.height, msg.width, msg.step, msg.encoding, len(msg.data)) == (2, 3, 9, "rgb8", 18)
+
+
+def test_speech_token_names_the_observation_its_request_started_from() -> None:
+    from oxygen_ros.engine.types import RequestKind, RequestOutput, RequestStatus
+    from oxygen_ros.nodes.conversions import seconds_to_time, speech_token_msg, time_to_seconds
+
+    output = RequestOutput(
+        "subtask-1", RequestKind.SUBTASK, (5, 6), "ab", 0, RequestStatus.RUNNING, None
+    )
+    msg = speech_token_msg(output, seconds_to_time(12.5), 12.25)
+    assert time_to_seconds(msg.observation_stamp) == 12.25
+    assert time_to_seconds(msg.header.stamp) == 12.5
+    unknown = speech_token_msg(output, seconds_to_time(12.5))
+    assert time_to_seconds(unknown.observation_stamp) == 0.0

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import yaml
 
+from oxygen_ros.engine.config import get_model_config
 from oxygen_ros.nodes import params as P
 from oxygen_ros.nodes.engine_bridge import build_engine_config
 
@@ -113,7 +114,12 @@ def test_workcell_profile_matches_the_simulated_robot() -> None:
     np.testing.assert_allclose(values["joint_position_lower"], workcell.lower, atol=1e-9)
     np.testing.assert_allclose(values["joint_position_upper"], workcell.upper, atol=1e-9)
     sim = yaml_values("workcell_sim", "workcell")
-    assert sim["chunk_max_age_s"] > 50 * values["action_dt_s"]  # a whole model chunk runs
+    model = get_model_config(values["model_preset"])
+    # A whole model chunk runs before the simulator calls it stale.
+    assert sim["chunk_max_age_s"] > model.action_horizon * values["action_dt_s"]
+    # Perception hands the model its own resolution (no second resize in the engine).
+    perception = yaml_values("perception", "workcell")
+    assert (perception["image_height"], perception["image_width"]) == model.image_resolution
 
 
 def test_yaml_builds_a_valid_engine_config() -> None:

@@ -1,0 +1,68 @@
+"""What the robot should say in the workcell: narration and memory texts per task phase.
+
+The expert's phases (`tasks.subtask_labels`) define three language targets per moment of an
+episode; a trained model speaks them from the shared observation prefix and the evaluation
+compares what it said with these functions applied to the simulator's own stage:
+- subtask: the phase label itself ("grasp the red cube");
+- narration: progress through the task and the arm doing it ("step 2 of 4 with the left arm");
+- memory: the fact the episode's events have established so far ("the red cube is on the
+  table", then "the left gripper holds the red cube", then for `move` "the red cube is on
+  the right").
+
+Invariants:
+- Every text is a pure function of (spec, stage index); the same stage gives the same text.
+- Texts use only words of the bundled tokenizer's corpus and fit the engine's default
+  max_tokens of their kind (tests check both).
+"""
+
+from __future__ import annotations
+
+from oxygen_ros.sim.tasks import EpisodeSpec, subtask_labels
+
+GRASP_STAGE = 1  # index of "grasp ..." in every template's labels
+LIFT_STAGE = 2  # from here on the arm holds the cube
+RELEASE_STAGE = 5  # `move`: the cube has been put down and is let go
+
+
+def stage_index(spec: EpisodeSpec, stage: str) -> int:
+    """Index of a stage label in the episode's phases.
+
+    Raises:
+        ValueError: `stage` is not one of `subtask_labels(spec)`.
+    """
+    labels = subtask_labels(spec)
+    if stage not in labels:
+        raise ValueError(f"{stage!r} is not a phase of {spec.instruction!r}: {labels}")
+    return labels.index(stage)
+
+
+def narration_text(spec: EpisodeSpec, stage: int) -> str:
+    """Progress narration at phase `stage`: "step 2 of 4 with the left arm"."""
+    count = len(subtask_labels(spec))
+    _check(stage, count)
+    return f"step {stage + 1} of {count} with the {spec.arm} arm"
+
+
+def memory_text(spec: EpisodeSpec, stage: int) -> str:
+    """The fact established by the episode's events up to phase `stage`."""
+    _check(stage, len(subtask_labels(spec)))
+    cube = f"the {spec.colour} cube"
+    if spec.action == "move" and stage >= RELEASE_STAGE:
+        return f"{cube} is on the {spec.direction}"
+    if stage >= LIFT_STAGE:
+        return f"the {spec.arm} gripper holds {cube}"
+    return f"{cube} is on the table"
+
+
+def targets(spec: EpisodeSpec, stage: int) -> dict[str, str]:
+    """The three language targets at phase `stage`, keyed by request kind value."""
+    return {
+        "subtask": subtask_labels(spec)[stage],
+        "narration": narration_text(spec, stage),
+        "memory": memory_text(spec, stage),
+    }
+
+
+def _check(stage: int, count: int) -> None:
+    if not 0 <= stage < count:
+        raise ValueError(f"stage index {stage} outside 0..{count - 1}")

@@ -1,0 +1,231 @@
+"""Workcell demonstrations -> model-ready training arrays, exactly as the engine serves inputs.
+
+One sample per recorded step t of a successful episode:
+- images: each camera resized to the model resolution with openpi_client's `resize_with_pad`
+  (PIL bilinear, what the perception node does at run time; the engine then gets the model
+  resolution and does not resize again), in the model's slot order;
+- prompt: openpi's pi0.5 prompt with the quantile-normalised joint state written into it
+  (`prompts.tokenize_action_prompt`, the engine's own function);
+- actions: the next `action_horizon` commanded targets action[t], action[t+1], ... (rows 1/fps
+  apart; the last row repeats past the end of the episode), normalised with the same stats
+  and zero-padded to the model's action dim (openpi's `PadStatesAndActions`);
+- language: for each request kind, the engine's tail (`PromptConfig`) then the target text of
+  the phase recorded at t (`sim.language.targets`) then EOS, packed into one block with a
+  segment per kind; labels are the next ids, counted from the last tail token on.
+
+Norm stats are openpi's (`normalize.RunningStats` over every state and every action row).
+
+Invariants:
+- A sample's prompt/tail ids are what `Engine` would build for the same observation.
+- Episodes are never split: a held-out episode contributes no sample to training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+
+import numpy as np
+from openpi.shared import normalize
+from openpi_client import image_tools
+
+from oxygen_ros.engine import prompts
+from oxygen_ros.engine.checkpoint import Normalizer
+from oxygen_ros.engine.config import ModelConfig, NormConfig, PromptConfig
+from oxygen_ros.engine.tokenizer import EOS_ID, Tokenizer
+from oxygen_ros.engine.types import RequestKind
+from oxygen_ros.sim import language, recorder, tasks
+
+logger = logging.getLogger("oxygen_ros.training")
+
+# Workcell camera -> model image slot (the workcell profile's perception mapping).
+SLOT_CAMERAS = {
+    "base_0_rgb": "top",
+    "left_wrist_0_rgb": "left_wrist",
+    "right_wrist_0_rgb": "right_wrist",
+}
+LANGUAGE_KINDS = (RequestKind.SUBTASK, RequestKind.NARRATION, RequestKind.MEMORY)
+LANGUAGE_BLOCK_LEN = 48  # packed tails + targets of the three kinds (longest: 43)
+
+
+@dataclasses.dataclass
+class Episodes:
+    """Raw per-step arrays of several episodes (robot units), concatenated."""
+
+    images: dict[str, np.ndarray]  # slot -> uint8 [N, h, w, 3] at the model resolution
+    state: np.ndarray  # float32 [N, J]
+    actions: np.ndarray  # float32 [N, A, J]
+    episode: np.ndarray  # int32 [N], index into `specs`
+    stage: np.ndarray  # int32 [N], phase index of the recorded subtask
+    specs: list[tasks.EpisodeSpec]  # one per episode
+    seeds: list[int]  # episode seeds, one per episode
+
+    def __len__(self) -> int:
+        return int(self.state.shape[0])
+
+
+@dataclasses.dataclass
+class Samples:
+    """Model-ready arrays (what one training step slices a batch from)."""
+
+    images: dict[str, np.ndarray]  # slot -> uint8 [N, h, w, 3]
+    tokens: np.ndarray  # int32 [N, max_token_len], pi0.5 prompt
+    token_mask: np.ndarray  # bool [N, max_token_len]
+    actions: np.ndarray  # float32 [N, A, action_dim], normalised and padded
+    lang_tokens: np.ndarray  # int32 [N, Tl]: tail + target per kind, packed
+    lang_mask: np.ndarray  # bool [N, Tl]: valid input tokens
+    lang_segment: np.ndarray  # int32 [N, Tl]: index of the kind a token belongs to
+    lang_index: np.ndarray  # int32 [N, Tl]: position of the token inside its segment
+    lang_labels: np.ndarray  # int32 [N, Tl]: next id (target ids then EOS)
+    lang_loss_mask: np.ndarray  # bool [N, Tl]: where labels count
+    episode: np.ndarray  # int32 [N]
+    stage: np.ndarray  # int32 [N]
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def take(self, index: np.ndarray) -> dict[str, object]:
+        """Batch of rows `index` as a dict of arrays (images still uint8)."""
+        out: dict[str, object] = {"images": {k: v[index] for k, v in self.images.items()}}
+        for field in dataclasses.fields(self):
+            if field.name != "images":
+                out[field.name] = getattr(self, field.name)[index]
+        return out
+
+
+def load_episodes(
+    paths: Sequence[str | os.PathLike], config: ModelConfig, fps: float | None = None
+) -> Episodes:
+    """Reads successful episodes and builds per-step raw arrays at the model resolution."""
+    images: dict[str, list[np.ndarray]] = {slot: [] for slot in config.image_keys}
+    state, actions, episode, stage = [], [], [], []
+    specs, seeds = [], []
+    for path in paths:
+        ep = recorder.read_episode(path)
+        if not ep.success:
+            logger.info("skipping failed episode %s", path)
+            continue
+        if fps is not None and abs(ep.fps - fps) > 1e-6:
+            raise ValueError(f"{path}: recorded at {ep.fps} fps, expected {fps}")
+        spec = tasks.sample_episode(ep.seed, ep.instruction)
+        index = len(specs)
+        specs.append(spec)
+        seeds.append(ep.seed)
+        steps = ep.qpos.shape[0]
+        for slot in config.image_keys:
+            frames = ep.images[SLOT_CAMERAS[slot]]
+            resized = image_tools.resize_with_pad(frames, *config.image_resolution)
+            images[slot].append(np.asarray(resized, np.uint8))
+        state.append(ep.qpos.astype(np.float32))
+        rows = np.minimum(np.arange(steps)[:, None] + np.arange(config.action_horizon), steps - 1)
+        actions.append(ep.action[rows].astype(np.float32))
+        episode.append(np.full((steps,), index, np.int32))
+        stage.append(np.array([language.stage_index(spec, s) for s in ep.subtasks], np.int32))
+    if not specs:
+        raise ValueError("no successful episodes to train on")
+    return Episodes(
+        images={k: np.concatenate(v) for k, v in images.items()},
+        state=np.concatenate(state),
+        actions=np.concatenate(actions),
+        episode=np.concatenate(episode),
+        stage=np.concatenate(stage),
+        specs=specs,
+        seeds=seeds,
+    )
+
+
+def compute_norm_stats(episodes: Episodes, norm: NormConfig) -> dict[str, normalize.NormStats]:
+    """openpi norm stats of the state and of every action row."""
+    stats = {}
+    for key, values in ((norm.state_key, episodes.state), (norm.actions_key, episodes.actions)):
+        running = normalize.RunningStats()
+        running.update(values.reshape(-1, values.shape[-1]))
+        stats[key] = running.get_statistics()
+    return stats
+
+
+def language_block(
+    tokenizer: Tokenizer, prompt: PromptConfig, texts: dict[str, str], length: int
+) -> dict[str, np.ndarray]:
+    """Packs tail + target (+ EOS label) of every kind into one block of `length` tokens."""
+    tokens = np.zeros((length,), np.int32)
+    mask = np.zeros((length,), bool)
+    segment = np.zeros((length,), np.int32)
+    index = np.zeros((length,), np.int32)
+    labels = np.zeros((length,), np.int32)
+    loss_mask = np.zeros((length,), bool)
+    at = 0
+    for seg, kind in enumerate(LANGUAGE_KINDS):
+        tail_tokens, tail_mask = prompts.tokenize_tail(
+            tokenizer, prompt.task(kind).tail, prompt.max_tail_len
+        )
+        tail = [int(t) for t in tail_tokens[tail_mask]]
+        target = tokenizer.encode(texts[kind.value])
+        if len(target) + 1 > prompt.task(kind).max_tokens:
+            raise ValueError(
+                f"{kind.value} target {texts[kind.value]!r} needs {len(target) + 1} tokens with "
+                f"EOS, more than max_tokens={prompt.task(kind).max_tokens}"
+            )
+        ids = tail + target
+        end = at + len(ids)
+        if end > length:
+            raise ValueError(f"language block needs more than {length} tokens")
+        tokens[at:end] = ids
+        mask[at:end] = True
+        segment[at:end] = seg
+        index[at:end] = np.arange(len(ids))
+        # After the last tail token the model must say the target, then EOS.
+        first = at + len(tail) - 1
+        labels[first:end] = [*target, EOS_ID]
+        loss_mask[first:end] = True
+        at = end
+    return {
+        "lang_tokens": tokens,
+        "lang_mask": mask,
+        "lang_segment": segment,
+        "lang_index": index,
+        "lang_labels": labels,
+        "lang_loss_mask": loss_mask,
+    }
+
+
+def build_samples(
+    episodes: Episodes,
+    config: ModelConfig,
+    tokenizer: Tokenizer,
+    normalizer: Normalizer,
+    prompt: PromptConfig,
+    block_len: int = LANGUAGE_BLOCK_LEN,
+) -> Samples:
+    """Tokenises prompts and language targets and normalises actions for every step."""
+    count = len(episodes)
+    tokens = np.zeros((count, config.max_token_len), np.int32)
+    token_mask = np.zeros((count, config.max_token_len), bool)
+    blocks: dict[str, list[np.ndarray]] = {}
+    cache: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+    for i in range(count):
+        spec = episodes.specs[int(episodes.episode[i])]
+        state = normalizer.normalize_state(episodes.state[i])
+        tokens[i], token_mask[i] = prompts.tokenize_action_prompt(
+            tokenizer, spec.instruction, state, config.max_token_len
+        )
+        key = (int(episodes.episode[i]), int(episodes.stage[i]))
+        if key not in cache:
+            texts = language.targets(spec, key[1])
+            cache[key] = language_block(tokenizer, prompt, texts, block_len)
+        for name, value in cache[key].items():
+            blocks.setdefault(name, []).append(value)
+    actions = normalizer.normalize_actions(episodes.actions)
+    padded = np.zeros((*actions.shape[:2], config.action_dim), np.float32)
+    padded[..., : actions.shape[-1]] = actions
+    return Samples(
+        images=episodes.images,
+        tokens=tokens,
+        token_mask=token_mask,
+        actions=padded,
+        episode=episodes.episode,
+        stage=episodes.stage,
+        **{name: np.stack(values) for name, values in blocks.items()},
+    )

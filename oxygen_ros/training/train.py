@@ -1,0 +1,505 @@
+"""Trains the engine's `Pi05Model` on workcell demonstrations and writes an openpi checkpoint.
+
+`python -m oxygen_ros.training.train --data <demos dir> --out <dir>` (scripts/train sets up
+first). Steps, on 2 CPU cores:
+1. Read the successful episodes; the `--heldout` episodes with the highest seeds are never
+   trained on (evaluation only).
+2. openpi norm stats of the training episodes; samples tokenised as the engine serves them
+   (training/data.py).
+3. AdamW (optax) with linear warm-up and cosine decay, global-norm clipping; loss = openpi's
+   flow-matching action loss + `language_weight` x token cross-entropy (training/loss.py).
+4. Every `--eval-every` steps, on held-out samples: action loss, teacher-forced exact-match
+   accuracy of each language kind, and the error of denoised actions (engine `prefill` +
+   `denoise`, fixed noise) in radians; logged to metrics.jsonl, plotted to loss_curve.png.
+5. The checkpoint: `<out>/params` (orbax, openpi's {"params": tree}) and
+   `<out>/assets/<assets_id>/norm_stats.json`, loaded by the engine through
+   `checkpoint_dir` unchanged. Only the first `vocab_size` rows of the 257,152-row embedding
+   are trained (the bundled tokenizer has no other ids); the rest are stored as zeros, which
+   compress to almost nothing.
+
+Reproducibility: one seed fixes init, batch order and every random draw; XLA on CPU is
+deterministic for a fixed build, so the same data, seed and versions give the same params.
+
+Invariant: nothing here imports rclpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import logging
+import pathlib
+import shutil
+import time
+from collections.abc import Sequence
+
+import flax.nnx as nnx
+import h5py
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from openpi.shared import normalize
+
+from oxygen_ros.engine import model_fns
+from oxygen_ros.engine.checkpoint import Normalizer, load_params
+from oxygen_ros.engine.config import (
+    EngineConfig,
+    ModelConfig,
+    NormConfig,
+    PromptConfig,
+    get_model_config,
+)
+from oxygen_ros.engine.model import Pi05Model, abstract_model, create_model
+from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, TOKENIZER_FILE, Tokenizer
+from oxygen_ros.sim import recorder
+from oxygen_ros.training import data as _data
+from oxygen_ros.training import loss as _loss
+
+logger = logging.getLogger("oxygen_ros.training")
+
+EMBEDDING_PATH = ("PaliGemma", "llm", "embedder", "input_embedding")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    data_dir: str
+    out_dir: str
+    preset: str = "workcell"
+    steps: int = 4000
+    batch_size: int = 32
+    peak_lr: float = 1e-3
+    end_lr: float = 2e-5
+    warmup_steps: int = 200
+    weight_decay: float = 1e-4
+    clip_norm: float = 1.0
+    language_weight: float = 0.25
+    augment: bool = False
+    heldout: int = 10  # episodes (highest seeds) kept out of training
+    eval_every: int = 250
+    eval_samples: int = 256
+    seed: int = 0
+    assets_id: str = "workcell"
+    tokenizer_path: str = str(BUNDLED_TOKENIZER_PATH)
+    init_from: str = ""  # checkpoint to start from ("" = random init from `seed`)
+    early_steps: int = 0  # the first early_steps steps of each episode are drawn ...
+    early_weight: float = 1.0  # ... this many times as often (the arm is still at home there)
+
+    def __post_init__(self) -> None:
+        if self.steps < 2 or self.batch_size < 1 or self.eval_every < 1:
+            raise ValueError("need steps >= 2, batch_size >= 1 and eval_every >= 1")
+        if self.heldout < 1 or self.eval_samples < 1:
+            raise ValueError("need heldout >= 1 episode and eval_samples >= 1")
+        if self.early_steps < 0 or self.early_weight <= 0:
+            raise ValueError("need early_steps >= 0 and early_weight > 0")
+        if not 0 < self.end_lr <= self.peak_lr:
+            raise ValueError("need 0 < end_lr <= peak_lr")
+
+
+def _embedding_leaf(model: Pi05Model) -> int:
+    """Index of the tied embedding table among the flattened state leaves."""
+    flat = jax.tree_util.tree_flatten_with_path(nnx.state(model))[0]
+    for i, (path, _) in enumerate(flat):
+        names = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+        if names[: len(EMBEDDING_PATH)] == EMBEDDING_PATH:
+            return i
+    raise KeyError(f"no {'/'.join(EMBEDDING_PATH)} leaf in the model state")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Statics:
+    """What the jitted functions close over: everything but parameters and data."""
+
+    model_config: ModelConfig
+    vocab_size: int
+    steps: int
+    warmup_steps: int
+    peak_lr: float
+    end_lr: float
+    weight_decay: float
+    clip_norm: float
+    language_weight: float
+    augment: bool
+
+
+class _Compiled:
+    """Jitted step / eval / act for one `_Statics` (shared by every Trainer with it, so a
+    second run in the same process compiles nothing)."""
+
+    def __init__(self, statics: _Statics) -> None:
+        self.statics = statics
+        abstract = abstract_model(statics.model_config)
+        self.graphdef, state = nnx.split(abstract)
+        leaves, self.treedef = jax.tree.flatten(state)
+        self.embedding = _embedding_leaf(abstract)
+        self.full_rows = leaves[self.embedding].shape[0]
+        warmup = min(statics.warmup_steps, statics.steps - 1)  # cosine needs >= 1 step
+        self.schedule = optax.warmup_cosine_decay_schedule(
+            0.0, statics.peak_lr, warmup, statics.steps, statics.end_lr
+        )
+        self.optimizer = optax.chain(
+            optax.clip_by_global_norm(statics.clip_norm),
+            optax.adamw(self.schedule, weight_decay=statics.weight_decay),
+        )
+        self.step = jax.jit(self._step, donate_argnums=(0, 1))
+        self.eval = jax.jit(self._eval_losses)
+        self.act = jax.jit(self._actions)
+
+    def model(self, params: Sequence[jax.Array]) -> Pi05Model:
+        """The model with `params`; embedding rows past the trained ones are zeros (never
+        read: the tokenizer has no such ids, and logits cover the first vocab_size rows)."""
+        leaves = list(params)
+        table = leaves[self.embedding]
+        rest = jnp.zeros((self.full_rows - table.shape[0], table.shape[1]), table.dtype)
+        leaves[self.embedding] = jnp.concatenate([table, rest])
+        return nnx.merge(self.graphdef, jax.tree.unflatten(self.treedef, leaves))
+
+    def _losses(self, params, rng, batch: _loss.Batch, augment: bool) -> _loss.Losses:
+        return _loss.compute_losses(
+            self.model(params), rng, batch, vocab_size=self.statics.vocab_size, augment=augment
+        )
+
+    def _step(self, params, opt_state, rng, batch: _loss.Batch):
+        statics = self.statics
+
+        def objective(p):
+            losses = self._losses(p, rng, batch, statics.augment)
+            total = _loss.total_loss(losses, batch.lang_loss_mask, statics.language_weight)
+            return total, losses
+
+        (total, losses), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        tokens = jnp.maximum(jnp.sum(batch.lang_loss_mask), 1)
+        metrics = {
+            "loss": total,
+            "action_loss": jnp.mean(losses.action),
+            "language_loss": jnp.sum(losses.token_nll) / tokens,
+            "grad_norm": optax.tree.norm(grads),
+        }
+        return params, opt_state, metrics
+
+    def _eval_losses(self, params, rng, batch: _loss.Batch) -> _loss.Losses:
+        return self._losses(params, rng, batch, False)
+
+    def _actions(self, params, batch: _loss.Batch, noise: jax.Array) -> jax.Array:
+        model = self.model(params)
+        inputs = model_fns.PrefixInputs(
+            batch.images, batch.image_masks, batch.tokens, batch.token_mask
+        )
+        prefix = model_fns.prefill(model, inputs)
+        return model_fns.denoise(model, prefix, noise, model.config.num_denoise_steps)
+
+
+@functools.cache
+def _compiled(statics: _Statics) -> _Compiled:
+    return _Compiled(statics)
+
+
+class Trainer:
+    """The trainable leaves (embedding cut to the tokenizer's rows), optimiser state, steps."""
+
+    def __init__(self, config: TrainConfig, model: Pi05Model, vocab_size: int) -> None:
+        self.config = config
+        self.vocab_size = vocab_size
+        self._fns = _compiled(
+            _Statics(
+                model.config, vocab_size, config.steps, config.warmup_steps, config.peak_lr,
+                config.end_lr, config.weight_decay, config.clip_norm, config.language_weight,
+                config.augment,
+            )
+        )  # fmt: skip
+        leaves, treedef = jax.tree.flatten(nnx.state(model))
+        if treedef != self._fns.treedef:
+            raise ValueError(f"model state does not match the {model.config.name!r} tree")
+        leaves[self._fns.embedding] = leaves[self._fns.embedding][:vocab_size]
+        self.params = leaves
+        self.schedule = self._fns.schedule
+        self.opt_state = self._fns.optimizer.init(self.params)
+
+    def step(self, rng: jax.Array, batch: _loss.Batch) -> dict[str, float]:
+        self.params, self.opt_state, metrics = self._fns.step(
+            self.params, self.opt_state, rng, batch
+        )
+        return {k: float(v) for k, v in metrics.items()}
+
+    def eval_losses(self, rng: jax.Array, batch: _loss.Batch) -> _loss.Losses:
+        return self._fns.eval(self.params, rng, batch)
+
+    def actions(self, batch: _loss.Batch, noise: jax.Array) -> jax.Array:
+        """Denoised actions [B, A, J] (model units) with the engine's prefill + denoise."""
+        return self._fns.act(self.params, batch, noise)
+
+    def full_params(self) -> dict:
+        """Pure dict of the whole model: trained rows, zeros for the unused embedding rows."""
+        leaves = [np.asarray(x) for x in self.params]
+        table = leaves[self._fns.embedding]
+        full = np.zeros((self._fns.full_rows, table.shape[1]), table.dtype)
+        full[: table.shape[0]] = table
+        leaves[self._fns.embedding] = full
+        return nnx.to_pure_dict(jax.tree.unflatten(self._fns.treedef, leaves))
+
+
+def to_batch(rows: dict, image_keys: Sequence[str]) -> _loss.Batch:
+    """Host batch (uint8 images) -> model batch (images in [-1, 1])."""
+    images = {k: jnp.asarray(rows["images"][k], jnp.float32) / 127.5 - 1.0 for k in image_keys}
+    size = rows["tokens"].shape[0]
+    return _loss.Batch(
+        images=images,
+        image_masks={k: jnp.ones((size,), bool) for k in image_keys},
+        tokens=jnp.asarray(rows["tokens"]),
+        token_mask=jnp.asarray(rows["token_mask"]),
+        actions=jnp.asarray(rows["actions"]),
+        lang_tokens=jnp.asarray(rows["lang_tokens"]),
+        lang_mask=jnp.asarray(rows["lang_mask"]),
+        lang_segment=jnp.asarray(rows["lang_segment"]),
+        lang_index=jnp.asarray(rows["lang_index"]),
+        lang_labels=jnp.asarray(rows["lang_labels"]),
+        lang_loss_mask=jnp.asarray(rows["lang_loss_mask"]),
+    )
+
+
+def sampling_weights(episode: np.ndarray, early_steps: int, early_weight: float) -> np.ndarray:
+    """Probability of drawing each sample: early_weight for the first early_steps steps of
+    each episode (samples of one episode are contiguous), 1 for the rest, normalised."""
+    count = len(episode)
+    starts = np.flatnonzero(np.r_[True, np.diff(episode) != 0])
+    step = np.arange(count) - starts[np.searchsorted(starts, np.arange(count), side="right") - 1]
+    weights = np.where(step < early_steps, early_weight, 1.0)
+    return weights / weights.sum()
+
+
+def save_checkpoint(
+    out_dir: pathlib.Path, params: dict, norm_stats: dict, assets_id: str, tokenizer_path: str
+) -> None:
+    """openpi layout: <out>/params ({"params": tree}), <out>/assets/<id>/norm_stats.json, and
+    the tokenizer it was trained with as <out>/assets/<id>/tokenizer.model (the engine uses
+    it when no tokenizer_path is given)."""
+    params_dir = out_dir.resolve() / "params"
+    if params_dir.exists():
+        shutil.rmtree(params_dir)
+    with ocp.PyTreeCheckpointer() as checkpointer:
+        checkpointer.save(params_dir, {"params": params})
+    normalize.save(out_dir / "assets" / assets_id, norm_stats)
+    shutil.copyfile(tokenizer_path, out_dir / "assets" / assets_id / TOKENIZER_FILE)
+
+
+def split_episodes(paths: Sequence[pathlib.Path], heldout: int) -> tuple[list, list]:
+    """(train, held-out) episode paths; held-out are the `heldout` highest seeds."""
+    seeds = {}
+    for path in paths:
+        with h5py.File(path, "r") as f:
+            seeds[path] = int(f.attrs["seed"])
+    ordered = sorted(paths, key=lambda p: seeds[p])
+    if heldout >= len(ordered):
+        raise ValueError(f"--heldout {heldout} leaves no training episode of {len(ordered)}")
+    return ordered[: len(ordered) - heldout], ordered[len(ordered) - heldout :]
+
+
+def evaluate(
+    trainer: Trainer,
+    samples: _data.Samples,
+    index: np.ndarray,
+    normalizer: Normalizer,
+    robot_dim: int,
+    image_keys: Sequence[str],
+    batch_size: int,
+) -> dict[str, float]:
+    """Held-out metrics: action loss, per-kind exact match, denoised action error (rad)."""
+    action, correct, needed, errors = [], [], [], []
+    noise_key = jax.random.key(12345)
+    for start in range(0, len(index), batch_size):
+        rows = samples.take(index[start : start + batch_size])
+        batch = to_batch(rows, image_keys)
+        losses = trainer.eval_losses(jax.random.key(start), batch)
+        action.append(np.asarray(losses.action).mean(axis=-1))
+        for seg in range(len(_data.LANGUAGE_KINDS)):
+            in_seg = rows["lang_loss_mask"] & (rows["lang_segment"] == seg)
+            wrong = in_seg & ~np.asarray(losses.token_correct)
+            correct.append((seg, ~wrong.any(axis=1)))
+            needed.append(seg)
+        noise = jax.random.normal(
+            jax.random.fold_in(noise_key, start), np.shape(rows["actions"]), jnp.float32
+        )
+        predicted = np.asarray(trainer.actions(batch, noise))
+        got = normalizer.unnormalize_actions(predicted[..., :robot_dim])
+        want = normalizer.unnormalize_actions(np.asarray(rows["actions"])[..., :robot_dim])
+        errors.append(np.abs(got - want).mean(axis=(1, 2)))
+    out = {"val_action_loss": float(np.concatenate(action).mean())}
+    for seg, kind in enumerate(_data.LANGUAGE_KINDS):
+        hits = np.concatenate([c for s, c in correct if s == seg])
+        out[f"val_{kind.value}_exact"] = float(hits.mean())
+    out["val_action_mae_rad"] = float(np.concatenate(errors).mean())
+    return out
+
+
+def plot_curves(records: list[dict], path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [r for r in records if "loss" in r]
+    val = [r for r in records if "val_action_loss" in r]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    steps = [r["step"] for r in train]
+    for key in ("loss", "action_loss", "language_loss"):
+        values = np.array([r[key] for r in train])
+        window = min(50, len(values))
+        smooth = np.convolve(values, np.ones(window) / window, mode="valid") if window else values
+        axes[0].plot(steps[len(steps) - len(smooth) :], smooth, label=f"train {key}")
+    axes[0].plot(
+        [r["step"] for r in val],
+        [r["val_action_loss"] for r in val],
+        "o-",
+        label="held-out action_loss",
+    )
+    axes[0].set_yscale("log")
+    axes[0].set_xlabel("step")
+    axes[0].legend()
+    for kind in _data.LANGUAGE_KINDS:
+        key = f"val_{kind.value}_exact"
+        axes[1].plot([r["step"] for r in val], [r[key] for r in val], "o-", label=key)
+    axes[1].set_ylim(0, 1.02)
+    axes[1].set_xlabel("step")
+    axes[1].set_title("held-out teacher-forced exact match")
+    axes[1].legend()
+    axes[2].plot([r["step"] for r in val], [r["val_action_mae_rad"] for r in val], "o-")
+    axes[2].set_xlabel("step")
+    axes[2].set_title("held-out denoised action error (rad, mean)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def train(config: TrainConfig) -> dict:
+    """Runs the whole training; returns the final metrics."""
+    from tqdm import tqdm
+
+    out_dir = pathlib.Path(config.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_config = get_model_config(config.preset)
+    prompt = PromptConfig()
+    norm = NormConfig()
+    tokenizer = Tokenizer(config.tokenizer_path)
+    paths = [p for d in config.data_dir.split(",") for p in recorder.list_episodes(d)]
+    train_paths, heldout_paths = split_episodes(paths, config.heldout)
+    started = time.monotonic()
+    train_eps = _data.load_episodes(train_paths, model_config)
+    heldout_eps = _data.load_episodes(heldout_paths, model_config)
+    norm_stats = _data.compute_norm_stats(train_eps, norm)
+    normalizer = Normalizer(norm_stats, norm)
+    train_samples = _data.build_samples(train_eps, model_config, tokenizer, normalizer, prompt)
+    heldout_samples = _data.build_samples(heldout_eps, model_config, tokenizer, normalizer, prompt)
+    logger.info(
+        "data: %d train samples (%d episodes), %d held-out samples (%d episodes, seeds %s) "
+        "in %.0f s",
+        len(train_samples),
+        len(train_eps.specs),
+        len(heldout_samples),
+        len(heldout_eps.specs),
+        heldout_eps.seeds,
+        time.monotonic() - started,
+    )
+    robot_dim = train_eps.state.shape[1]
+    if config.init_from:
+        model = load_params(config.init_from, model_config)
+    else:
+        model = create_model(model_config, seed=config.seed)
+    trainer = Trainer(config, model, tokenizer.vocab_size)
+    rng = np.random.default_rng(config.seed)
+    eval_index = np.random.default_rng(config.seed + 1).permutation(len(heldout_samples))
+    eval_index = np.sort(eval_index[: config.eval_samples])
+    key = jax.random.key(config.seed)
+    records: list[dict] = []
+    metrics_path = out_dir / "metrics.jsonl"
+    metrics_path.write_text("")
+    run = {
+        "config": dataclasses.asdict(config),
+        "train_episodes": [int(s) for s in train_eps.seeds],
+        "heldout_episodes": [int(s) for s in heldout_eps.seeds],
+        "train_samples": len(train_samples),
+        "jax": jax.__version__,
+    }
+    (out_dir / "run.json").write_text(json.dumps(run, indent=1))
+    bar = tqdm(range(1, config.steps + 1), desc="train", mininterval=5.0)
+    weights = sampling_weights(train_samples.episode, config.early_steps, config.early_weight)
+    train_started = time.monotonic()
+    for step in bar:
+        index = rng.choice(len(train_samples), size=config.batch_size, replace=False, p=weights)
+        batch = to_batch(train_samples.take(np.sort(index)), model_config.image_keys)
+        metrics = trainer.step(jax.random.fold_in(key, step), batch)
+        record = {"step": step, "lr": float(trainer.schedule(step - 1)), **metrics}
+        if step % config.eval_every == 0 or step == config.steps:
+            record.update(
+                evaluate(
+                    trainer,
+                    heldout_samples,
+                    eval_index,
+                    normalizer,
+                    robot_dim,
+                    model_config.image_keys,
+                    config.batch_size,
+                )
+            )
+            record["wall_s"] = time.monotonic() - train_started
+            save_checkpoint(
+                out_dir, trainer.full_params(), norm_stats, config.assets_id, config.tokenizer_path
+            )
+            plot_curves([*records, record], out_dir / "loss_curve.png")
+            logger.info("step %d: %s", step, json.dumps(record))
+        records.append(record)
+        with metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        bar.set_postfix(
+            loss=f"{metrics['loss']:.4f}", act=f"{metrics['action_loss']:.4f}", refresh=False
+        )
+    final = dict(records[-1])
+    final["train_wall_s"] = time.monotonic() - train_started
+    (out_dir / "final_metrics.json").write_text(json.dumps(final, indent=1))
+    return final
+
+
+def engine_config(checkpoint_dir: str, assets_id: str = "workcell", **overrides) -> EngineConfig:
+    """EngineConfig that serves a checkpoint written here (its own tokenizer)."""
+    return dataclasses.replace(
+        EngineConfig(model=get_model_config("workcell")),
+        checkpoint_dir=checkpoint_dir,
+        assets_id=assets_id,
+        **overrides,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    parser.add_argument(
+        "--data", required=True, help="directory of recorded HDF5 episodes (several: a,b)"
+    )
+    parser.add_argument("--out", required=True, help="checkpoint / log directory")
+    for name, field in fields.items():
+        if name in ("data_dir", "out_dir"):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if field.type in ("bool", bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
+        else:
+            kind = {"int": int, "float": float, "str": str}[str(field.type)]
+            parser.add_argument(flag, type=kind, default=field.default)
+    args = vars(parser.parse_args(argv))
+    config = TrainConfig(data_dir=args.pop("data"), out_dir=args.pop("out"), **args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    final = train(config)
+    print(
+        "trained steps={step} val_action_loss={val_action_loss:.4f} "
+        "val_subtask_exact={val_subtask_exact:.3f} val_action_mae_rad={val_action_mae_rad:.4f} "
+        "wall_s={train_wall_s:.0f}".format(**final)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

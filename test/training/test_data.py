@@ -1,0 +1,141 @@
+"""Training samples are what the engine serves: prompt ids, images, tails, targets, actions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from demo_episodes import SEEDS, STEPS
+
+from oxygen_ros.engine import prompts
+from oxygen_ros.engine.checkpoint import Normalizer
+from oxygen_ros.engine.config import NormConfig, PromptConfig, get_model_config
+from oxygen_ros.engine.engine import observation_to_inputs
+from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, EOS_ID, Tokenizer
+from oxygen_ros.engine.types import Observation
+from oxygen_ros.nodes.image_conversion import resize_with_pad
+from oxygen_ros.sim import language, recorder, tasks
+from oxygen_ros.training import data
+from oxygen_ros.training.train import split_episodes
+
+WORKCELL = get_model_config("workcell")
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return Tokenizer(BUNDLED_TOKENIZER_PATH)
+
+
+@pytest.fixture(scope="module")
+def built(demos_dir, tokenizer):
+    episodes = data.load_episodes(recorder.list_episodes(demos_dir), WORKCELL)
+    normalizer = Normalizer(data.compute_norm_stats(episodes, NormConfig()), NormConfig())
+    samples = data.build_samples(episodes, WORKCELL, tokenizer, normalizer, PromptConfig())
+    return episodes, normalizer, samples
+
+
+def test_prompt_and_images_equal_the_engines_inputs(demos_dir, built, tokenizer) -> None:
+    _, normalizer, samples = built
+    paths = recorder.list_episodes(demos_dir)
+    for i in (0, STEPS + 5, 3 * STEPS - 1):
+        ep = recorder.read_episode(paths[i // STEPS])
+        t = i % STEPS
+        observation = Observation(
+            # What perception publishes: each camera resized to the model resolution.
+            images={
+                slot: resize_with_pad(ep.images[cam][t], *WORKCELL.image_resolution)
+                for slot, cam in data.SLOT_CAMERAS.items()
+            },
+            image_masks={slot: True for slot in data.SLOT_CAMERAS},
+            state=ep.qpos[t],
+            prompt=ep.instruction,
+            stamp=0.0,
+        )
+        inputs = observation_to_inputs(
+            observation,
+            WORKCELL.image_keys,
+            WORKCELL.image_resolution,
+            tokenizer,
+            normalizer,
+            WORKCELL.max_token_len,
+        )
+        np.testing.assert_array_equal(samples.tokens[i], inputs.tokens[0])
+        np.testing.assert_array_equal(samples.token_mask[i], inputs.token_mask[0])
+        for slot in WORKCELL.image_keys:
+            assert samples.images[slot][i].shape == (*WORKCELL.image_resolution, 3)
+            as_model = samples.images[slot][i].astype(np.float32) / 255.0 * 2.0 - 1.0
+            np.testing.assert_array_equal(as_model, inputs.images[slot][0])
+    # The state really is in the prompt: two steps of one episode differ in their ids.
+    assert not np.array_equal(samples.tokens[0], samples.tokens[1])
+
+
+def test_actions_are_the_next_rows_normalised_and_padded(demos_dir, built) -> None:
+    _, normalizer, samples = built
+    ep = recorder.read_episode(recorder.list_episodes(demos_dir)[1])
+    horizon = WORKCELL.action_horizon
+    for t in (0, STEPS - 3, STEPS - 1):
+        rows = np.minimum(np.arange(t, t + horizon), STEPS - 1)
+        got = samples.actions[STEPS + t]
+        assert got.shape == (horizon, WORKCELL.action_dim)
+        np.testing.assert_allclose(
+            normalizer.unnormalize_actions(got[:, :14]), ep.action[rows], atol=1e-5
+        )
+        assert not got[:, 14:].any()
+
+
+def test_language_block_is_tail_then_target_then_eos(built, tokenizer) -> None:
+    episodes, _, samples = built
+    prompt = PromptConfig()
+    for i in range(0, len(samples), 7):
+        spec = episodes.specs[episodes.episode[i]]
+        texts = language.targets(spec, int(episodes.stage[i]))
+        tokens, mask = samples.lang_tokens[i], samples.lang_mask[i]
+        for seg, kind in enumerate(data.LANGUAGE_KINDS):
+            in_seg = mask & (samples.lang_segment[i] == seg)
+            ids = tokens[in_seg]
+            tail_tokens, tail_mask = prompts.tokenize_tail(
+                tokenizer, prompt.task(kind).tail, prompt.max_tail_len
+            )
+            tail = list(tail_tokens[tail_mask])
+            assert list(ids[: len(tail)]) == tail
+            assert tokenizer.decode(list(ids[len(tail) :])) == texts[kind.value]
+            np.testing.assert_array_equal(samples.lang_index[i][in_seg], np.arange(len(ids)))
+            labels = samples.lang_labels[i][in_seg & samples.lang_loss_mask[i]]
+            assert labels[-1] == EOS_ID
+            assert tokenizer.decode(list(labels[:-1])) == texts[kind.value]
+            # Labels start at the last tail token: the engine samples the first target id
+            # from the logits of the tail's last token.
+            first = np.flatnonzero(in_seg & samples.lang_loss_mask[i])[0]
+            assert first == np.flatnonzero(in_seg)[len(tail) - 1]
+
+
+def test_stages_follow_the_recorded_subtasks(built) -> None:
+    episodes, _, _ = built
+    for index, spec in enumerate(episodes.specs):
+        stages = episodes.stage[episodes.episode == index]
+        assert stages[0] == 0 and np.all(np.diff(stages) >= 0)
+        assert stages[-1] == len(tasks.subtask_labels(spec)) - 1
+
+
+def test_heldout_split_takes_the_highest_seeds(demos_dir) -> None:
+    train, heldout = split_episodes(recorder.list_episodes(demos_dir), 1)
+    assert [recorder.read_episode(p).seed for p in heldout] == [max(SEEDS)]
+    assert sorted(recorder.read_episode(p).seed for p in train) == sorted(SEEDS)[:-1]
+    with pytest.raises(ValueError, match="leaves no training episode"):
+        split_episodes(recorder.list_episodes(demos_dir), len(SEEDS))
+
+
+def test_a_target_too_long_for_its_kind_is_refused(tokenizer) -> None:
+    texts = {"subtask": "grasp the red cube " * 8, "narration": "n", "memory": "m"}
+    with pytest.raises(ValueError, match=r"subtask target .* more than max_tokens=16"):
+        data.language_block(tokenizer, PromptConfig(), texts, 200)
+
+
+def test_early_steps_are_drawn_more_often() -> None:
+    from oxygen_ros.training.train import sampling_weights
+
+    episode = np.array([0, 0, 0, 0, 1, 1, 1, 2, 2], np.int32)
+    weights = sampling_weights(episode, early_steps=2, early_weight=4.0)
+    assert np.isclose(weights.sum(), 1.0)
+    early = np.array([1, 1, 0, 0, 1, 1, 0, 1, 1], bool)
+    np.testing.assert_allclose(weights[early] / weights[~early].max(), 4.0)
+    np.testing.assert_allclose(sampling_weights(episode, 0, 4.0), np.full(9, 1 / 9))

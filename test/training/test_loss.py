@@ -1,0 +1,140 @@
+"""The training loss: openpi's own action loss, and language logits exactly where the engine
+decodes them (the uncached reference the cached decode is tested equal to)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from engine_factories import TINY, perturb_zero_params
+from flax import nnx
+from openpi.models import model as openpi_model
+from openpi.models import pi0_config
+from openpi.shared import nnx_utils
+
+from oxygen_ros.engine import model_fns
+from oxygen_ros.engine.config import get_model_config
+from oxygen_ros.engine.model import create_model
+from oxygen_ros.training import loss
+
+WORKCELL = get_model_config("workcell")
+VOCAB = 640
+SEGMENT_LENGTHS = (5, 9, 7)  # three packed texts, as the training block packs its kinds
+
+
+def make_batch(config, batch_size: int, seed: int, block_len: int = 24) -> loss.Batch:
+    rng = np.random.default_rng(seed)
+    keys = config.image_keys
+    height, width = config.image_resolution
+    prompt_len = config.max_token_len
+    token_mask = np.arange(prompt_len)[None] < rng.integers(10, prompt_len, (batch_size, 1))
+    segment = np.full((batch_size, block_len), len(SEGMENT_LENGTHS) - 1, np.int32)
+    index = np.zeros((batch_size, block_len), np.int32)
+    lang_mask = np.zeros((batch_size, block_len), bool)
+    at = 0
+    for seg, length in enumerate(SEGMENT_LENGTHS):
+        segment[:, at : at + length] = seg
+        index[:, at : at + length] = np.arange(length)
+        lang_mask[:, at : at + length] = True
+        at += length
+    return loss.Batch(
+        images={k: jnp.asarray(rng.uniform(-1, 1, (batch_size, height, width, 3))) for k in keys},
+        image_masks={k: jnp.ones((batch_size,), bool) for k in keys},
+        tokens=jnp.asarray(rng.integers(4, VOCAB, (batch_size, prompt_len)) * token_mask),
+        token_mask=jnp.asarray(token_mask),
+        actions=jnp.asarray(
+            rng.normal(size=(batch_size, config.action_horizon, config.action_dim))
+        ),
+        lang_tokens=jnp.asarray(rng.integers(4, VOCAB, (batch_size, block_len)) * lang_mask),
+        lang_mask=jnp.asarray(lang_mask),
+        lang_segment=jnp.asarray(segment),
+        lang_index=jnp.asarray(index),
+        lang_labels=jnp.asarray(rng.integers(4, VOCAB, (batch_size, block_len))),
+        lang_loss_mask=jnp.asarray(lang_mask),
+    )
+
+
+@pytest.fixture(scope="module")
+def workcell_model():
+    return perturb_zero_params(create_model(WORKCELL, seed=5), seed=6)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`flax.nnx.State` will be deprecated:DeprecationWarning")
+def test_action_loss_equals_openpi_pi0_compute_loss() -> None:
+    """openpi's own Pi0 (it hard-codes the So400m tower: tiny with that tower, at 224 px)."""
+    config = dataclasses.replace(TINY, vision_variant="So400m/14", action_horizon=10)
+    ours = perturb_zero_params(create_model(config, seed=3), seed=4)
+    reference = pi0_config.Pi0Config(
+        pi05=True,
+        paligemma_variant="dummy",
+        action_expert_variant="dummy",
+        dtype="float32",
+        action_horizon=config.action_horizon,
+        max_token_len=config.max_token_len,
+    ).load(nnx.to_pure_dict(nnx.state(ours)))
+    batch = make_batch(config, batch_size=1, seed=0)  # the So400m tower at 224 px is slow here
+    observation = openpi_model.Observation(
+        images=batch.images,
+        image_masks=batch.image_masks,
+        state=jnp.zeros((1, config.action_dim)),
+        tokenized_prompt=batch.tokens,
+        tokenized_prompt_mask=batch.token_mask,
+    )
+    rng = jax.random.key(11)
+    expected = nnx_utils.module_jit(reference.compute_loss)(rng, observation, batch.actions)
+    got = jax.jit(lambda b: loss.compute_losses(ours, rng, b, vocab_size=VOCAB).action)(batch)
+    assert got.shape == (1, config.action_horizon)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=2e-5, atol=2e-6)
+    # Another rng draws other noise and times: the comparison is not vacuous.
+    other = nnx_utils.module_jit(reference.compute_loss)(
+        jax.random.key(12), observation, batch.actions
+    )
+    assert np.abs(np.asarray(other) - np.asarray(expected)).max() > 1e-3
+
+
+def test_language_logits_equal_the_engines_uncached_reference(workcell_model) -> None:
+    batch = make_batch(WORKCELL, batch_size=2, seed=1)
+    out = jax.jit(lambda b: loss.forward(workcell_model, jax.random.key(0), b, vocab_size=VOCAB))(
+        batch
+    )
+    inputs = model_fns.PrefixInputs(
+        batch.images, batch.image_masks, batch.tokens, batch.token_mask
+    )
+    at = 0
+    for length in SEGMENT_LENGTHS:
+        text = batch.lang_tokens[:, at : at + length]
+        expected = jax.jit(model_fns.full_forward_logits, static_argnums=(0, 4))(
+            workcell_model, inputs, text, jnp.ones_like(text, bool), VOCAB
+        )
+        np.testing.assert_allclose(
+            np.asarray(out.logits[:, at : at + length]), np.asarray(expected), atol=2e-4
+        )
+        at += length
+
+
+def test_actions_ignore_the_language_block_but_see_the_prompt(workcell_model) -> None:
+    @jax.jit
+    def action_loss(b):
+        return loss.compute_losses(workcell_model, jax.random.key(3), b, vocab_size=VOCAB).action
+
+    batch = make_batch(WORKCELL, batch_size=2, seed=2)
+    base = np.asarray(action_loss(batch))
+    other_text = batch._replace(lang_tokens=(batch.lang_tokens * 7 + 5) % VOCAB * batch.lang_mask)
+    np.testing.assert_allclose(np.asarray(action_loss(other_text)), base, rtol=1e-6, atol=1e-7)
+    other_prompt = batch._replace(tokens=(batch.tokens * 7 + 5) % VOCAB * batch.token_mask)
+    assert np.abs(np.asarray(action_loss(other_prompt)) - base).max() > 1e-4
+
+
+def test_cross_entropy_counts_only_target_tokens(workcell_model) -> None:
+    batch = make_batch(WORKCELL, batch_size=2, seed=3)
+    only_first = batch._replace(lang_loss_mask=batch.lang_loss_mask.at[:, 3:].set(False))
+    losses = jax.jit(
+        lambda b: loss.compute_losses(workcell_model, jax.random.key(0), b, vocab_size=VOCAB)
+    )(only_first)
+    assert np.all(np.asarray(losses.token_nll[:, 3:]) == 0)
+    assert np.all(np.asarray(losses.token_nll[:, :3]) > 0)
+    assert not np.asarray(losses.token_correct[:, 3:]).any()

@@ -1,0 +1,142 @@
+"""End to end: training lowers the loss, writes an openpi-layout checkpoint the engine serves
+unchanged, and is reproducible from its seed."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from openpi.shared import normalize
+
+from oxygen_ros.engine import model_fns
+from oxygen_ros.engine.checkpoint import Normalizer, params_into_model
+from oxygen_ros.engine.config import NormConfig, PromptConfig
+from oxygen_ros.engine.engine import Engine
+from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, Tokenizer, resolve_tokenizer_path
+from oxygen_ros.engine.types import Observation
+from oxygen_ros.nodes.image_conversion import resize_with_pad
+from oxygen_ros.sim import recorder
+from oxygen_ros.training import data, train
+
+pytestmark = pytest.mark.slow
+
+
+def _config(demos_dir, out_dir, **overrides) -> train.TrainConfig:
+    fields = dict(
+        data_dir=str(demos_dir),
+        out_dir=str(out_dir),
+        steps=30,
+        batch_size=4,
+        warmup_steps=5,
+        peak_lr=3e-3,
+        heldout=1,
+        eval_every=15,
+        eval_samples=8,
+    )
+    fields.update(overrides)
+    return train.TrainConfig(**fields)
+
+
+@pytest.fixture(scope="module")
+def trained(demos_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    final = train.train(_config(demos_dir, out))
+    return out, final
+
+
+def test_loss_falls_and_curves_are_written(trained) -> None:
+    out, final = trained
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 31))
+    first = np.mean([r["language_loss"] for r in records[:3]])
+    last = np.mean([r["language_loss"] for r in records[-3:]])
+    assert last < 0.7 * first, (first, last)
+    evaluated = [r for r in records if "val_action_loss" in r]
+    assert [r["step"] for r in evaluated] == [15, 30]
+    for key in ("val_subtask_exact", "val_narration_exact", "val_memory_exact"):
+        assert 0.0 <= final[key] <= 1.0
+    assert (out / "loss_curve.png").stat().st_size > 10_000
+    run = json.loads((out / "run.json").read_text())
+    assert run["heldout_episodes"] == [1002] and 1002 not in run["train_episodes"]
+
+
+def test_checkpoint_is_served_by_the_engine_unchanged(trained, demos_dir) -> None:
+    out, _ = trained
+    path = recorder.list_episodes(demos_dir)[-1]
+    episode = recorder.read_episode(path)
+    engine = Engine(train.engine_config(str(out)))
+    config = engine.config.model
+    # No tokenizer_path: the engine takes the checkpoint's own tokenizer.
+    assert engine.config.tokenizer_path is None
+    own = out / "assets" / "workcell" / "tokenizer.model"
+    assert resolve_tokenizer_path(engine.config) == own
+    assert own.read_bytes() == BUNDLED_TOKENIZER_PATH.read_bytes()
+    observation = Observation(
+        images={
+            slot: resize_with_pad(episode.images[cam][4], *config.image_resolution)
+            for slot, cam in data.SLOT_CAMERAS.items()
+        },
+        image_masks={slot: True for slot in data.SLOT_CAMERAS},
+        state=episode.qpos[4],
+        prompt=episode.instruction,
+        stamp=0.0,
+    )
+    noise = engine.make_noise(0)
+    served = engine.step(observation, noise=noise).actions.actions
+    assert served.shape == (config.action_horizon, 14)
+    # Independently of the engine's loading path: orbax restore, openpi norm stats, the
+    # model functions and the sample's own prompt give the same actions.
+    with ocp.PyTreeCheckpointer() as checkpointer:
+        params = checkpointer.restore(out / "params")["params"]
+    table = params["PaliGemma"]["llm"]["embedder"]["input_embedding"]
+    assert table.shape[0] == 257_152 and not np.asarray(table[640:]).any()
+    assert np.abs(np.asarray(table[:640])).max() > 0
+    model = params_into_model(params, config)
+    stats = normalize.load(out / "assets" / "workcell")
+    normalizer = Normalizer(stats, NormConfig())
+    samples = data.build_samples(
+        data.load_episodes([path], config),
+        config,
+        Tokenizer(BUNDLED_TOKENIZER_PATH),
+        normalizer,
+        PromptConfig(),
+    )
+    batch = train.to_batch(samples.take(np.array([4])), config.image_keys)
+    inputs = model_fns.PrefixInputs(
+        batch.images, batch.image_masks, batch.tokens, batch.token_mask
+    )
+    actions = model_fns.denoise(model, model_fns.prefill(model, inputs), noise, 10)
+    expected = normalizer.unnormalize_actions(np.asarray(actions)[0, :, :14])
+    np.testing.assert_allclose(served, expected, atol=1e-4)
+
+
+def test_same_seed_gives_the_same_parameters(trained, demos_dir, tmp_path) -> None:
+    """Same config as the fixture's run (so nothing recompiles), another output directory."""
+
+    def params(out) -> list[np.ndarray]:
+        with ocp.PyTreeCheckpointer() as checkpointer:
+            restored = checkpointer.restore(out / "params")["params"]
+        return [np.asarray(x) for x in jax.tree.leaves(restored)]
+
+    first = params(trained[0])
+    train.train(_config(demos_dir, tmp_path / "again"))
+    train.train(_config(demos_dir, tmp_path / "other", seed=1))
+    again, other = params(tmp_path / "again"), params(tmp_path / "other")
+    assert all(np.array_equal(x, y) for x, y in zip(first, again, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(first, other, strict=True))
+
+
+def test_training_resumes_from_a_checkpoint(trained, demos_dir, tmp_path) -> None:
+    out, _ = trained
+    train.train(_config(demos_dir, tmp_path / "resumed", init_from=str(out)))
+
+    def first_loss(directory) -> float:
+        line = (directory / "metrics.jsonl").read_text().splitlines()[0]
+        return json.loads(line)["language_loss"]
+
+    fresh, resumed = first_loss(out), first_loss(tmp_path / "resumed")
+    assert resumed < 0.7 * fresh, (fresh, resumed)
+    assert json.loads((tmp_path / "resumed" / "run.json").read_text())["config"]["init_from"]
