@@ -51,6 +51,7 @@ def make_messages() -> dict:
 
     tok = SpeechToken()
     tok.header.stamp = Time(sec=14, nanosec=2)
+    tok.observation_stamp = Time(sec=13, nanosec=77)
     tok.request_id, tok.kind, tok.token_index = "req-1", SpeechToken.KIND_NARRATION, 5
     tok.text_delta, tok.token_ids = " gräbt ✓", [17, 2041, 3]
     tok.final, tok.text, tok.status = True, "Ich gräbt ✓", SpeechToken.STATUS_STOPPED
