@@ -26,11 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def main(argv: list[str] | None = None) -> int:
     from oxygen_ros.engine.config import SchedulerConfig
     from oxygen_ros.engine.engine import Engine
-    from oxygen_ros.engine.types import LanguageRequest, Observation
-    from oxygen_ros.nodes.image_conversion import resize_with_pad
+    from oxygen_ros.engine.types import LanguageRequest
     from oxygen_ros.resources import resolve_path
     from oxygen_ros.sim import language, robot, tasks
-    from oxygen_ros.sim.workcell import CAMERAS, Workcell, WorkcellConfig
+    from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
     from oxygen_ros.training import data, train
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -46,18 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for seed in range(args.seeds):
             spec = tasks.sample_episode(seed)
-            workcell.reset(robot.HOME, spec.objects)
-            images = {camera: workcell.render(camera) for camera in CAMERAS}
-            observation = Observation(
-                images={
-                    slot: resize_with_pad(images[camera], *resolution)
-                    for slot, camera in data.SLOT_CAMERAS.items()
-                },
-                image_masks=dict.fromkeys(data.SLOT_CAMERAS, True),
-                state=workcell.joint_positions().astype(np.float32),
-                prompt=spec.instruction,
-                stamp=0.0,
-            )
+            observation = data.first_frame(workcell, spec, resolution)
             requests = [LanguageRequest(kind) for kind in data.LANGUAGE_KINDS]
             result = engine.step(observation, requests, noise=engine.make_noise(seed))
             said = {out.kind.value: out.text for out in result.outputs}

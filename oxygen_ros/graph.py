@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from oxygen_ros.resources import resolve_path
+
 PACKAGE = "oxygen_ros"
 
 
@@ -154,21 +156,7 @@ def parse_factor(text: str) -> float:
 
 def default_params_file(profile: str = "humanoid") -> Path:
     """config/<profile>.yaml from the package's share directory, else from the source tree."""
-    try:
-        from ament_index_python.packages import (
-            PackageNotFoundError,
-            get_package_share_directory,
-        )
-
-        try:
-            shared = Path(get_package_share_directory(PACKAGE)) / "config" / f"{profile}.yaml"
-            if shared.is_file():
-                return shared
-        except PackageNotFoundError:
-            pass
-    except ImportError:
-        pass
-    return Path(__file__).resolve().parents[1] / "config" / f"{profile}.yaml"
+    return Path(resolve_path(f"package://{PACKAGE}/config/{profile}.yaml"))
 
 
 def resolve(arguments: Mapping[str, str]) -> list[ResolvedNode]:

@@ -26,6 +26,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from openpi.shared import normalize
@@ -35,8 +36,11 @@ from oxygen_ros.engine import prompts
 from oxygen_ros.engine.checkpoint import Normalizer
 from oxygen_ros.engine.config import ModelConfig, NormConfig, PromptConfig
 from oxygen_ros.engine.tokenizer import EOS_ID, Tokenizer
-from oxygen_ros.engine.types import RequestKind
-from oxygen_ros.sim import language, recorder, tasks
+from oxygen_ros.engine.types import Observation, RequestKind
+from oxygen_ros.sim import language, recorder, robot, tasks
+
+if TYPE_CHECKING:
+    from oxygen_ros.sim.workcell import Workcell
 
 logger = logging.getLogger("oxygen_ros.training")
 
@@ -133,6 +137,25 @@ def load_episodes(
         stage=np.concatenate(stage),
         specs=specs,
         seeds=seeds,
+    )
+
+
+def first_frame(
+    workcell: Workcell, spec: tasks.EpisodeSpec, resolution: tuple[int, int]
+) -> Observation:
+    """What perception hands the engine right after a reset to `spec` (robot at home): the
+    three cameras resized to `resolution` as the perception node does, the joint state, the
+    instruction."""
+    workcell.reset(robot.HOME, spec.objects)
+    return Observation(
+        images={
+            slot: np.asarray(image_tools.resize_with_pad(workcell.render(camera), *resolution))
+            for slot, camera in SLOT_CAMERAS.items()
+        },
+        image_masks=dict.fromkeys(SLOT_CAMERAS, True),
+        state=workcell.joint_positions().astype(np.float32),
+        prompt=spec.instruction,
+        stamp=0.0,
     )
 
 

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 
 from oxygen_ros.engine.config import SchedulerConfig
 from oxygen_ros.engine.engine import Engine
-from oxygen_ros.engine.types import LanguageRequest, Observation
-from oxygen_ros.nodes.image_conversion import resize_with_pad
+from oxygen_ros.engine.types import LanguageRequest
 from oxygen_ros.resources import resolve_path
-from oxygen_ros.sim import language, robot, tasks
-from oxygen_ros.sim.workcell import CAMERAS, Workcell, WorkcellConfig
+from oxygen_ros.sim import language, tasks
+from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
 from oxygen_ros.training import data, train
 
 pytestmark = pytest.mark.slow
@@ -42,26 +40,12 @@ def workcell():
     cell.close()
 
 
-def first_frame(workcell: Workcell, spec: tasks.EpisodeSpec, resolution) -> Observation:
-    """What perception hands the engine right after the reset."""
-    workcell.reset(robot.HOME, spec.objects)
-    images = {camera: workcell.render(camera) for camera in CAMERAS}
-    slots = data.SLOT_CAMERAS
-    return Observation(
-        images={slot: resize_with_pad(images[cam], *resolution) for slot, cam in slots.items()},
-        image_masks=dict.fromkeys(slots, True),
-        state=workcell.joint_positions().astype(np.float32),
-        prompt=spec.instruction,
-        stamp=0.0,
-    )
-
-
 def test_held_out_first_frames_name_the_instructed_cube(engine, workcell) -> None:
     templates = set()
     for seed in SEEDS:
         spec = tasks.sample_episode(seed)
         templates.add(spec.template)
-        observation = first_frame(workcell, spec, engine.config.model.image_resolution)
+        observation = data.first_frame(workcell, spec, engine.config.model.image_resolution)
         requests = [LanguageRequest(kind) for kind in data.LANGUAGE_KINDS]
         result = engine.step(observation, requests, noise=engine.make_noise(seed))
         said = {out.kind.value: out.text for out in result.outputs}
