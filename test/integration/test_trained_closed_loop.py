@@ -6,8 +6,10 @@ Checked: the graph brings the shipped checkpoint up from `package://` (its own t
 96 px perception resolution, 0.1 s rows), actions flow without starvation, periodic subtasks
 are spoken and name the phase the sim is in, memory entries state the episode's facts.
 Thresholds from the measured rates (docs/TRAINING.md, 10 held-out episodes: subtask 86.9 % of
-289, memory 96.7 % of 30). Task success is not asserted: the shipped model does not do the
-tasks yet (0/10), the open part of issue 10.
+289, memory 96.7 % of 30). Memory is requested every second here, not every 5 s as the YAML
+has it: two episodes at 5 s give about 5 entries, too few for a rate (3 of 5 failed one CI
+run). Task success is not asserted: the shipped model does not do the tasks yet (0/10), the
+open part of issue 10.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ SEED_START = 0  # held out: training used seeds 1000-1189
 EPISODES = 2
 SUBTASK_ACCURACY_MIN = 0.7
 MEMORY_ACCURACY_MIN = 0.7
+MEMORY_PERIOD_S = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +39,7 @@ def run(tmp_path_factory) -> dict:
         sys.executable, "-P", str(ROOT / "benchmarks" / "closed_loop.py"),
         "--policy", "model", "--episodes", str(EPISODES), "--seed-start", str(SEED_START),
         "--real-time-factor", "1.0", "--out", str(out), "--log-dir", str(out.parent / "logs"),
+        "--ros-arg", f"inference:memory_period_s:={MEMORY_PERIOD_S}",
     ]  # fmt: skip
     done = subprocess.run(
         command, env=dict(os.environ), capture_output=True, text=True, timeout=900, check=False
@@ -55,7 +59,8 @@ def test_actions_flow_from_the_shipped_checkpoint(run) -> None:
 def test_speech_names_the_phase_and_memory_the_facts(run) -> None:
     summary = run["summary"]
     assert summary["subtasks_spoken"] >= 8 * EPISODES  # every 0.5 s, episodes last >= 12 s
-    assert summary["subtask_accuracy"] >= SUBTASK_ACCURACY_MIN, run["episodes"][0]
+    assert summary["subtask_accuracy"] >= SUBTASK_ACCURACY_MIN, run["episodes"]
     assert summary["narrations_spoken"] >= 2 * EPISODES
-    assert summary["memories_written"] >= EPISODES
-    assert summary["memory_accuracy"] >= MEMORY_ACCURACY_MIN, run["episodes"][0]
+    assert summary["memories_written"] >= 8 * EPISODES
+    examples = [e["spoken_examples"] for e in run["episodes"]]
+    assert summary["memory_accuracy"] >= MEMORY_ACCURACY_MIN, examples
