@@ -418,19 +418,17 @@ class Rig:
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("faults")
-    env = dict(os.environ)  # conftest put this run's domain id and LOCALHOST discovery here
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
-    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     # This rig kill -9s a node. Fast DDS's shared-memory transport can leave the processes that
     # outlive such a kill unable to reach a restarted participant (eProsima/Fast-DDS#5469,
     # #5053); one CI run here timed out after 240 s waiting for a restarted node that never got
-    # a frame or the latched instruction. The rig's processes and its own participant talk over
-    # UDP only, the workaround docs/NODES.md gives users who kill nodes.
-    env["FASTDDS_BUILTIN_TRANSPORTS"] = "UDPv4"
-    mp = pytest.MonkeyPatch()
-    mp.setenv("FASTDDS_BUILTIN_TRANSPORTS", "UDPv4")  # read when Rig's SpinningNode starts
-    r = Rig(workdir, env)
-    mp.undo()
+    # a frame or the latched instruction. The rig's processes and its own participant (created
+    # in Rig()) talk over UDP only, the workaround docs/NODES.md gives users who kill nodes.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FASTDDS_BUILTIN_TRANSPORTS", "UDPv4")
+        env = dict(os.environ)  # conftest put this run's domain id and LOCALHOST discovery here
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        r = Rig(workdir, env)
     try:
         r.start_perception()
         r.start_inference()
@@ -905,7 +903,6 @@ def test_camera_dropout_masked_then_restored_and_no_frames_without_inputs(rig: R
     rig.sensors.joints = "partial"
     partial_s = wait_no_frames(rig, "joint_state_stale")
     assert "joints not updated for" in rig.perception.log()
-    rig.sensors.all_on()
     rig.assert_serving()
     figure(
         "2 dropout",
