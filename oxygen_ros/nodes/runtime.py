@@ -59,12 +59,16 @@ RELIABLE_QOS = QoSProfile(
     reliability=QoSReliabilityPolicy.RELIABLE,
     durability=QoSDurabilityPolicy.VOLATILE,
 )
-SPEECH_QOS = QoSProfile(
+# Fast streams a reader wants whole (speech tokens, the sim's applied commands at 100 Hz):
+# reliable with 100 kept, so a reader that lags a second loses nothing (10 at 100 Hz lost 21
+# commands in a row to a test probe under CI load).
+STREAM_QOS = QoSProfile(
     history=QoSHistoryPolicy.KEEP_LAST,
     depth=100,
     reliability=QoSReliabilityPolicy.RELIABLE,
     durability=QoSDurabilityPolicy.VOLATILE,
 )
+SPEECH_QOS = STREAM_QOS
 # Latched state (the instruction): reliable, transient local, the last value only.
 LATCHED_QOS = QoSProfile(
     history=QoSHistoryPolicy.KEEP_LAST,

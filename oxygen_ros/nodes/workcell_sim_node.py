@@ -54,6 +54,7 @@ from oxygen_ros.nodes.runtime import (
     RELIABLE_QOS,
     SENSOR_QOS,
     SERVICE_QOS,
+    STREAM_QOS,
     ReasonThrottle,
     publish_status,
     run_node,
@@ -126,9 +127,7 @@ class WorkcellSimNode(Node):
 
         self._clock_pub = self.create_publisher(Clock, "/clock", RELIABLE_QOS)
         self._joint_pub = self.create_publisher(JointState, p["joint_state_topic"], SENSOR_QOS)
-        self._command_pub = self.create_publisher(
-            JointState, p["joint_command_topic"], RELIABLE_QOS
-        )
+        self._command_pub = self.create_publisher(JointState, p["joint_command_topic"], STREAM_QOS)
         self._image_pubs = {
             c: self.create_publisher(Image, p[f"cameras.{c}.topic"], SENSOR_QOS)
             for c in self._camera_sizes
