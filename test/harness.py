@@ -21,13 +21,18 @@ DISCOVERY_TIMEOUT_S = 15.0  # discovery usually takes 0.1-0.2 s, sometimes about
 
 
 def wait_for(
-    predicate: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.01
+    predicate: Callable[[], bool],
+    timeout_s: float,
+    what: str | Callable[[], str],
+    poll_s: float = 0.01,
 ) -> None:
-    """Polls `predicate` until it is true; raises AssertionError naming `what` on timeout."""
+    """Polls `predicate` until it is true; raises AssertionError naming `what` on timeout
+    (a callable `what` is evaluated then, to report the state at the timeout)."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.1f} s waiting for {what}")
+            name = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout_s:.1f} s waiting for {name}")
         time.sleep(poll_s)
 
 
