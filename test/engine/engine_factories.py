@@ -80,6 +80,20 @@ def make_request(kind: RequestKind = RequestKind.SUBTASK, **fields: object) -> L
     return LanguageRequest(kind=kind, **fields)  # type: ignore[arg-type]
 
 
+def record_decode_sizes(engine) -> list[int]:
+    """Wraps `engine.runner.decode_step` so that each call appends its number of active rows
+    to the returned list (the engine is otherwise unchanged)."""
+    sizes: list[int] = []
+    decode_step = engine.runner.decode_step
+
+    def spy(running):
+        sizes.append(len(running))
+        return decode_step(running)
+
+    engine.runner.decode_step = spy
+    return sizes
+
+
 def use_bundled_tokenizer_for_openpi(monkeypatch: pytest.MonkeyPatch, home: pathlib.Path) -> None:
     """Points openpi's PaliGemma tokenizer download cache at the bundled small model."""
     target = home / "big_vision" / "paligemma_tokenizer.model"

@@ -7,7 +7,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-from engine_factories import TEST_CACHE, make_engine_config, make_observation, make_request
+from engine_factories import (
+    TEST_CACHE,
+    make_engine_config,
+    make_observation,
+    make_request,
+    record_decode_sizes,
+)
 
 from oxygen_ros.engine.config import SchedulerConfig
 from oxygen_ros.engine.engine import (
@@ -232,14 +238,7 @@ def test_no_recompilation_through_every_active_count(tiny_model) -> None:
     engine = continuous_engine(tiny_model, decode_steps_per_frame=2)
     engine.warmup()
     assert engine.stats().num_frames == 0  # warm-up leaves the counters alone
-    sizes: list[int] = []
-    decode_step = engine.runner.decode_step
-
-    def spy(running):
-        sizes.append(len(running))
-        return decode_step(running)
-
-    engine.runner.decode_step = spy  # type: ignore[method-assign]
+    sizes = record_decode_sizes(engine)
     before = engine.stats().num_compiles
     plan = [
         [req("a", RequestKind.NARRATION, max_tokens=16, ignore_eos=True)],

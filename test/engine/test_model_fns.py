@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from engine_factories import TINY, make_observation
 
-from oxygen_ros.engine import prompts
+from oxygen_ros.engine import compiles, prompts
 from oxygen_ros.engine.checkpoint import Normalizer
 from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, CacheConfig, NormConfig, PromptConfig
 from oxygen_ros.engine.engine import observation_to_inputs
-from oxygen_ros.engine.model_fns import JitModel, PrefixInputs
+from oxygen_ros.engine.model_fns import JitModel, PrefixInputs, sample_tokens
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, Tokenizer
 
 # The engine's default shapes, so these tests share the session's compilations.
@@ -188,3 +188,75 @@ def test_sampling_is_greedy_or_seeded_per_request_token(jit_model) -> None:
     ]
     assert len(set(draws)) > 3  # temperature 2 over 50 ids: varies with the token index
     assert set(draws) != {int(greedy[0])}
+
+
+@jax.jit
+def _reference_sampler(logits, temperature, seeds, indices):
+    """The sampler as it was before issue 13: an argmax and a categorical draw over every id
+    for every row, then a per-row select."""
+    logits = logits.astype(jnp.float32)
+    greedy = jnp.argmax(logits, axis=-1)
+    keys = jax.vmap(lambda s, i: jax.random.fold_in(jax.random.key(s), i))(seeds, indices)
+    scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
+    sampled = jax.vmap(jax.random.categorical)(keys, scaled)
+    return jnp.where(temperature > 0, sampled, greedy).astype(jnp.int32)
+
+
+def _sampling_batch(rows: int, vocab: int, seed: int) -> tuple[np.ndarray, ...]:
+    """Logits of varied spread; greedy (0, < 0), tiny (< MIN_TEMPERATURE) and hot rows mixed."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(rows, vocab)) * rng.uniform(0.1, 8.0, (rows, 1))
+    choices = np.array([0.0, -1.0, 1e-8, 0.3, 0.7, 1.0, 2.5], np.float32)
+    temperature = choices[np.arange(rows) % len(choices)]
+    seeds = rng.integers(0, 2**31 - 1, rows).astype(np.int32)
+    indices = rng.integers(0, 500, rows).astype(np.int32)
+    return logits.astype(np.float32), temperature, seeds, indices
+
+
+def test_sampled_ids_equal_the_all_rows_categorical_formulation(jit_model) -> None:
+    logits, temperature, seeds, indices = _sampling_batch(512, 640, seed=3)
+    # Edge rows (temperature = row % 7 of 0, -1, 1e-8, 0.3, 0.7, 1, 2.5): NaNs (greedy, hot),
+    # all -inf, a +inf in a hot row, a tie of the maximum in a greedy and in a hot row.
+    logits[0, 10] = np.nan
+    logits[4, 20] = np.nan
+    logits[1, :] = -np.inf
+    logits[2, 7] = np.inf
+    logits[7, 100:110] = logits[7].max() + 1
+    logits[5, 100:110] = logits[5].max() + 50  # no noise draw can lift another id this far
+    ours = np.asarray(jit_model.sample_tokens(logits, temperature, seeds, indices))
+    np.testing.assert_array_equal(ours, _reference_sampler(logits, temperature, seeds, indices))
+    assert ours[[0, 4, 1, 2, 7]].tolist() == [10, 20, 0, 7, 100]
+    assert 100 <= ours[5] < 110
+    hot = temperature > 0
+    # Not vacuous: many sampled rows are not their argmax.
+    assert np.mean(ours[hot] != np.argmax(logits[hot], axis=-1)) > 0.3
+
+
+def test_sampled_ids_equal_the_old_formulation_on_the_full_vocabulary_head() -> None:
+    logits, temperature, seeds, indices = _sampling_batch(8, PALIGEMMA_VOCAB_SIZE, seed=4)
+    for temps in (np.zeros_like(temperature), temperature, np.full_like(temperature, 0.8)):
+        ours = np.asarray(jax.jit(sample_tokens)(logits, temps, seeds, indices))
+        np.testing.assert_array_equal(ours, _reference_sampler(logits, temps, seeds, indices))
+
+
+def test_switching_greedy_and_sampled_batches_does_not_recompile() -> None:
+    logits, temperature, seeds, indices = _sampling_batch(8, 333, seed=5)
+    mixes = [
+        np.zeros_like(temperature),  # all greedy
+        temperature,  # mixed
+        np.full_like(temperature, 0.9),  # all sampled
+        np.where(np.arange(8) == 3, 1.5, 0.0).astype(np.float32),  # one sampled row
+    ]
+    expected = [np.asarray(_reference_sampler(logits, t, seeds, indices)) for t in mixes]
+    sample = jax.jit(lambda *args: sample_tokens(*args))  # a new function: nothing cached
+    before = compiles.num_compiles()
+    first = np.asarray(sample(logits, mixes[0], seeds, indices))
+    compiled = compiles.num_compiles()
+    assert compiled > before  # positive control: this count sees the first call compile
+    got = [first] + [np.asarray(sample(logits, t, seeds, indices)) for t in mixes[1:]]
+    got.append(np.asarray(sample(logits, mixes[0], seeds, indices)))
+    assert compiles.num_compiles() == compiled
+    for ours, reference in zip(got, expected + expected[:1], strict=True):
+        np.testing.assert_array_equal(ours, reference)
+    sample(logits[:7], temperature[:7], seeds[:7], indices[:7])  # 7 rows: a new shape
+    assert compiles.num_compiles() > compiled  # ... and sees a recompilation

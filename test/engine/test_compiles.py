@@ -1,0 +1,57 @@
+"""The compile counter sees compilations (positive controls), and a warmed-up engine in a fresh
+process serves every active count without compiling."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from oxygen_ros.engine import compiles
+
+PROBE = Path(__file__).parent / "compile_probe.py"
+PROBE_TIMEOUT_S = 400.0  # imports, model init and two rounds of compiles on 2 busy cores
+
+
+def test_counter_moves_on_a_fresh_compilation_and_not_on_a_cache_hit() -> None:
+    affine = jax.jit(lambda x: 2.0 * x + 1.0)  # a new function: nothing is cached for it
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)  # numpy inputs: no compilation to make
+    before = compiles.num_compiles()
+    np.testing.assert_array_equal(affine(x), 2.0 * x + 1.0)
+    first = compiles.num_compiles()
+    assert first >= before + 1
+    affine(x + 1.0)  # same shape and dtype: a cache hit
+    assert compiles.num_compiles() == first
+    affine(x.reshape(3, 2))  # a new shape compiles again
+    assert compiles.num_compiles() >= first + 1
+
+
+@pytest.mark.slow
+def test_a_warmed_up_engine_serves_every_active_count_without_compiling() -> None:
+    """compile_probe.py in a new process: warmup(), then 1..num_slots active requests."""
+    env = dict(os.environ)
+    # A persistent-cache hit is no backend compilation: the counter would not see it.
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    proc = subprocess.run(
+        [sys.executable, "-P", str(PROBE)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=PROBE_TIMEOUT_S,
+        check=False,
+    )
+    output = f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    assert proc.returncode == 0, output
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["decode_sizes"] == [1, 1, 2, 2, 3, 3, 4, 4, 3, 3, 2, 2, 1, 1], output
+    assert report["num_slots"] == 4, output
+    assert report["warmup"] > 0, output  # the warm-up compiled what a frame uses
+    assert report["control"] > 0, output  # same process, same serving, after clear_caches()
+    assert report["serve"] == 0, output
