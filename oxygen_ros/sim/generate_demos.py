@@ -14,10 +14,11 @@ closed-loop evaluation compares the model's speech with; the plan's own phase la
 `extra.plan_subtasks`). The episode ends on success (after the tracker's dwell) or at its time
 limit (the last step is the last frame before that); only successes are training data.
 
-The same command (seeds, package versions, machine) writes the same arrays: MuJoCo and the EGL
-renderer are deterministic, and each run starts a fresh workcell at sim time 0 (episodes of
-one run follow each other in sim time, so an episode is reproduced by the run that made it; a
-test regenerates one from a fresh workcell and compares every array).
+The same command (seeds, `--workers`, package versions, machine) writes the same arrays:
+MuJoCo and the EGL renderer are deterministic, and each worker starts a fresh workcell at sim
+time 0 on its own contiguous range of episodes (episodes of one worker follow each other in
+sim time, so an episode is reproduced by the same split; a test regenerates one from a fresh
+workcell and compares every array).
 Nothing here imports rclpy.
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -106,15 +108,13 @@ def generate_episode(
     return succeeded
 
 
-def generate(out: Path, episodes: int, seed_start: int) -> dict:
-    """Writes episodes seed_start .. seed_start + episodes - 1 into `out` (indices 0..)."""
-    out.mkdir(parents=True, exist_ok=True)
+def _generate_range(out: Path, seed_start: int, first: int, count: int) -> dict[int, bool]:
+    """Episodes first .. first + count - 1 (seeds seed_start + index) in one fresh workcell."""
     workcell = Workcell(WorkcellConfig())
     expert = ScriptedExpert(workcell.model)
-    started = time.monotonic()
     results = {}
     try:
-        for index in range(episodes):
+        for index in range(first, first + count):
             seed = seed_start + index
             results[seed] = generate_episode(
                 workcell, expert, seed, episode_path(out, index), index
@@ -122,11 +122,54 @@ def generate(out: Path, episodes: int, seed_start: int) -> dict:
             logger.info("episode %d (seed %d): success=%s", index, seed, results[seed])
     finally:
         workcell.close()
+    return results
+
+
+def _log_to_stderr(level: int) -> None:
+    """Pool initializer: a spawned worker logs its episodes like the parent process."""
+    logging.basicConfig(level=level, format="%(asctime)s %(processName)s %(message)s")
+
+
+def split_range(episodes: int, workers: int) -> list[tuple[int, int]]:
+    """(first index, count) per worker: contiguous, sizes differing by at most one."""
+    base, extra = divmod(episodes, workers)
+    ranges, first = [], 0
+    for worker in range(workers):
+        count = base + (worker < extra)
+        if count:
+            ranges.append((first, count))
+        first += count
+    return ranges
+
+
+def generate(out: Path, episodes: int, seed_start: int, workers: int = 1) -> dict:
+    """Writes episodes seed_start .. seed_start + episodes - 1 into `out` (indices 0..), split
+    into `workers` contiguous ranges, each run by its own process with its own workcell."""
+    if episodes < 1 or workers < 1:
+        raise ValueError(f"need episodes >= 1 and workers >= 1, got {episodes}, {workers}")
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    ranges = split_range(episodes, workers)
+    results: dict[int, bool] = {}
+    if len(ranges) == 1:
+        results = _generate_range(out, seed_start, *ranges[0])
+    else:
+        # spawn: each worker starts its own MuJoCo / EGL context, nothing inherited.
+        context = multiprocessing.get_context("spawn")
+        level = logging.getLogger().getEffectiveLevel()
+        with context.Pool(len(ranges), _log_to_stderr, (level,)) as pool:
+            parts = [
+                pool.apply_async(_generate_range, (out, seed_start, first, count))
+                for first, count in ranges
+            ]
+            for part in parts:
+                results.update(part.get())
     summary = {
         "episodes": episodes,
         "seed_start": seed_start,
+        "workers": workers,
         "succeeded": sum(results.values()),
-        "failed_seeds": [s for s, ok in results.items() if not ok],
+        "failed_seeds": sorted(s for s, ok in results.items() if not ok),
         "wall_s": time.monotonic() - started,
     }
     (out / f"generate_{seed_start}-{seed_start + episodes - 1}.json").write_text(
@@ -140,9 +183,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=200)
     parser.add_argument("--seed-start", type=int, default=1000)
     parser.add_argument("--out", default="data/demos")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="processes, each with its own workcell"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    summary = generate(Path(args.out), args.episodes, args.seed_start)
+    summary = generate(Path(args.out), args.episodes, args.seed_start, args.workers)
     print(
         f"generated {summary['succeeded']}/{summary['episodes']} successful episodes "
         f"in {summary['wall_s']:.0f} s (seeds {args.seed_start}.."

@@ -9,6 +9,9 @@ One sample per recorded step t of a successful episode:
 - actions: the next `action_horizon` commanded targets action[t], action[t+1], ... (rows 1/fps
   apart; the last row repeats past the end of the episode), normalised with the same stats
   and zero-padded to the model's action dim (openpi's `PadStatesAndActions`);
+- home prompt: the same prompt with the episode's first state (the robot at home) instead of
+  step t's, which training swaps in for a fraction of samples (state dropout): then only the
+  images and the instruction tell where the arms are and which arm acts;
 - language: for each request kind, the engine's tail (`PromptConfig`) then the target text of
   the phase recorded at t (`sim.language.targets`) then EOS, packed into one block with a
   segment per kind; labels are the next ids, counted from the last tail token on.
@@ -86,6 +89,9 @@ class Samples:
     lang_loss_mask: np.ndarray  # bool [N, Tl]: where labels count
     episode: np.ndarray  # int32 [N]
     stage: np.ndarray  # int32 [N]
+    step: np.ndarray  # int32 [N]: index of the step inside its episode (0: the first frame)
+    home_tokens: np.ndarray  # int32 [N, max_token_len]: the prompt with the episode's first
+    home_token_mask: np.ndarray  # bool [N, max_token_len]   state (home), for state dropout
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -226,6 +232,8 @@ def build_samples(
     count = len(episodes)
     tokens = np.zeros((count, config.max_token_len), np.int32)
     token_mask = np.zeros((count, config.max_token_len), bool)
+    starts = np.flatnonzero(np.r_[True, np.diff(episodes.episode) != 0])
+    first = starts[np.searchsorted(starts, np.arange(count), side="right") - 1]
     blocks: dict[str, list[np.ndarray]] = {}
     cache: dict[tuple[int, int], dict[str, np.ndarray]] = {}
     for i in range(count):
@@ -250,5 +258,17 @@ def build_samples(
         actions=padded,
         episode=episodes.episode,
         stage=episodes.stage,
+        step=(np.arange(count) - first).astype(np.int32),
+        home_tokens=tokens[first],
+        home_token_mask=token_mask[first],
         **{name: np.stack(values) for name, values in blocks.items()},
     )
+
+
+def drop_state(rows: dict[str, object], drop: np.ndarray) -> dict[str, object]:
+    """State dropout: rows where `drop` is true get the prompt with their episode's first
+    (home) state; the rest keep their own. Returns a new dict; `rows` is not changed."""
+    out = dict(rows)
+    for name in ("tokens", "token_mask"):
+        out[name] = np.where(drop[:, None], rows[f"home_{name}"], rows[name])
+    return out

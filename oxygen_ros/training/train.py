@@ -8,9 +8,15 @@ first). Steps, on 2 CPU cores:
    (training/data.py).
 3. AdamW (optax) with linear warm-up and cosine decay, global-norm clipping; loss = openpi's
    flow-matching action loss + `language_weight` x token cross-entropy (training/loss.py).
+   With `--state-dropout p`, a fraction p of the samples in each batch carry their episode's
+   first (home) joint state in the prompt instead of their own (training/data.py), so the arm
+   that acts must be read from the instruction and the images, as on a first frame.
 4. Every `--eval-every` steps, on held-out samples: action loss, teacher-forced exact-match
    accuracy of each language kind, and the error of denoised actions (engine `prefill` +
-   `denoise`, fixed noise) in radians; logged to metrics.jsonl, plotted to loss_curve.png.
+   `denoise`, fixed noise) in radians; on the first frame of every held-out episode (robot at
+   home: only the instruction and the images tell the arm), which arm the denoised chunk moves
+   more against the arm the task needs, and the narration (it names the arm) exact match;
+   logged to metrics.jsonl, plotted to loss_curve.png.
 5. The checkpoint: `<out>/params` (orbax, openpi's {"params": tree}) and
    `<out>/assets/<assets_id>/norm_stats.json`, loaded by the engine through
    `checkpoint_dir` unchanged. Only the first `vocab_size` rows of the 257,152-row embedding
@@ -55,7 +61,8 @@ from oxygen_ros.engine.config import (
 )
 from oxygen_ros.engine.model import Pi05Model, abstract_model, create_model
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, TOKENIZER_FILE, Tokenizer
-from oxygen_ros.sim import recorder
+from oxygen_ros.engine.types import RequestKind
+from oxygen_ros.sim import recorder, robot
 from oxygen_ros.training import data as _data
 from oxygen_ros.training import loss as _loss
 
@@ -87,6 +94,7 @@ class TrainConfig:
     init_from: str = ""  # checkpoint to start from ("" = random init from `seed`)
     early_steps: int = 0  # the first early_steps steps of each episode are drawn ...
     early_weight: float = 1.0  # ... this many times as often (the arm is still at home there)
+    state_dropout: float = 0.0  # fraction of samples whose prompt carries the home state
 
     def __post_init__(self) -> None:
         if self.steps < 2 or self.batch_size < 1 or self.eval_every < 1:
@@ -95,6 +103,8 @@ class TrainConfig:
             raise ValueError("need heldout >= 1 episode and eval_samples >= 1")
         if self.early_steps < 0 or self.early_weight <= 0:
             raise ValueError("need early_steps >= 0 and early_weight > 0")
+        if not 0.0 <= self.state_dropout < 1.0:
+            raise ValueError("need 0 <= state_dropout < 1")
         if not 0 < self.end_lr <= self.peak_lr:
             raise ValueError("need 0 < end_lr <= peak_lr")
 
@@ -262,12 +272,9 @@ def to_batch(rows: dict, image_keys: Sequence[str]) -> _loss.Batch:
     )
 
 
-def sampling_weights(episode: np.ndarray, early_steps: int, early_weight: float) -> np.ndarray:
-    """Probability of drawing each sample: early_weight for the first early_steps steps of
-    each episode (samples of one episode are contiguous), 1 for the rest, normalised."""
-    count = len(episode)
-    starts = np.flatnonzero(np.r_[True, np.diff(episode) != 0])
-    step = np.arange(count) - starts[np.searchsorted(starts, np.arange(count), side="right") - 1]
+def sampling_weights(step: np.ndarray, early_steps: int, early_weight: float) -> np.ndarray:
+    """Probability of drawing each sample from its step inside its episode: early_weight for
+    the first early_steps steps of each episode, 1 for the rest, normalised."""
     weights = np.where(step < early_steps, early_weight, 1.0)
     return weights / weights.sum()
 
@@ -336,6 +343,60 @@ def evaluate(
     return out
 
 
+def moved_arm(chunk: np.ndarray, state: np.ndarray) -> str:
+    """The arm whose joints a chunk [A, J] (robot units) moves further from `state`, summed
+    over the rows."""
+    left, right = (
+        np.abs(chunk[:, robot.arm_slice(a)] - state[robot.arm_slice(a)]).sum() for a in robot.ARMS
+    )
+    return robot.ARMS[0] if left > right else robot.ARMS[1]
+
+
+def evaluate_first_frames(
+    trainer: Trainer,
+    samples: _data.Samples,
+    episodes: _data.Episodes,
+    normalizer: Normalizer,
+    image_keys: Sequence[str],
+    batch_size: int,
+) -> dict[str, float]:
+    """On the first frame of every held-out episode: the fraction whose denoised chunk moves
+    the task's arm more than the other (split by whether the instruction names the arm or
+    only the images can tell), and the narration's teacher-forced exact match."""
+    index = np.flatnonzero(samples.step == 0)
+    robot_dim = episodes.state.shape[1]
+    hits, narration, named = [], [], []
+    noise_key = jax.random.key(54321)
+    narration_seg = _data.LANGUAGE_KINDS.index(RequestKind.NARRATION)
+    for start in range(0, len(index), batch_size):
+        chosen = index[start : start + batch_size]
+        rows = samples.take(chosen)
+        batch = to_batch(rows, image_keys)
+        noise = jax.random.normal(
+            jax.random.fold_in(noise_key, start), np.shape(rows["actions"]), jnp.float32
+        )
+        predicted = normalizer.unnormalize_actions(
+            np.asarray(trainer.actions(batch, noise))[..., :robot_dim]
+        )
+        losses = trainer.eval_losses(jax.random.key(start), batch)
+        in_seg = rows["lang_loss_mask"] & (rows["lang_segment"] == narration_seg)
+        narration.append(~(in_seg & ~np.asarray(losses.token_correct)).any(axis=1))
+        for row, i in enumerate(chosen):
+            spec = episodes.specs[int(samples.episode[i])]
+            hits.append(moved_arm(predicted[row], episodes.state[i]) == spec.arm)
+            named.append(spec.template == "pick_with_arm")
+    hits_, named_ = np.array(hits), np.array(named)
+    out = {
+        "val_first_arm": float(hits_.mean()),
+        "val_first_narration_exact": float(np.concatenate(narration).mean()),
+    }
+    if (~named_).any():
+        out["val_first_arm_from_images"] = float(hits_[~named_].mean())
+    if named_.any():
+        out["val_first_arm_named"] = float(hits_[named_].mean())
+    return out
+
+
 def plot_curves(records: list[dict], path: pathlib.Path) -> None:
     import matplotlib
 
@@ -344,7 +405,7 @@ def plot_curves(records: list[dict], path: pathlib.Path) -> None:
 
     train = [r for r in records if "loss" in r]
     val = [r for r in records if "val_action_loss" in r]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4))
     steps = [r["step"] for r in train]
     for key in ("loss", "action_loss", "language_loss"):
         values = np.array([r[key] for r in train])
@@ -370,6 +431,20 @@ def plot_curves(records: list[dict], path: pathlib.Path) -> None:
     axes[2].plot([r["step"] for r in val], [r["val_action_mae_rad"] for r in val], "o-")
     axes[2].set_xlabel("step")
     axes[2].set_title("held-out denoised action error (rad, mean)")
+    for key in (
+        "val_first_arm",
+        "val_first_arm_from_images",
+        "val_first_arm_named",
+        "val_first_narration_exact",
+    ):
+        points = [(r["step"], r[key]) for r in val if key in r]
+        if points:
+            axes[3].plot(*zip(*points, strict=True), "o-", label=key)
+    axes[3].axhline(0.5, color="grey", linestyle=":", label="chance (2 arms)")
+    axes[3].set_ylim(0, 1.02)
+    axes[3].set_xlabel("step")
+    axes[3].set_title("held-out first frames (robot at home)")
+    axes[3].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -426,11 +501,14 @@ def train(config: TrainConfig) -> dict:
     }
     (out_dir / "run.json").write_text(json.dumps(run, indent=1))
     bar = tqdm(range(1, config.steps + 1), desc="train", mininterval=5.0)
-    weights = sampling_weights(train_samples.episode, config.early_steps, config.early_weight)
+    weights = sampling_weights(train_samples.step, config.early_steps, config.early_weight)
     train_started = time.monotonic()
     for step in bar:
         index = rng.choice(len(train_samples), size=config.batch_size, replace=False, p=weights)
-        batch = to_batch(train_samples.take(np.sort(index)), model_config.image_keys)
+        rows = train_samples.take(np.sort(index))
+        if config.state_dropout > 0:
+            rows = _data.drop_state(rows, rng.random(config.batch_size) < config.state_dropout)
+        batch = to_batch(rows, model_config.image_keys)
         metrics = trainer.step(jax.random.fold_in(key, step), batch)
         record = {"step": step, "lr": float(trainer.schedule(step - 1)), **metrics}
         if step % config.eval_every == 0 or step == config.steps:
@@ -441,6 +519,16 @@ def train(config: TrainConfig) -> dict:
                     eval_index,
                     normalizer,
                     robot_dim,
+                    model_config.image_keys,
+                    config.batch_size,
+                )
+            )
+            record.update(
+                evaluate_first_frames(
+                    trainer,
+                    heldout_samples,
+                    heldout_eps,
+                    normalizer,
                     model_config.image_keys,
                     config.batch_size,
                 )

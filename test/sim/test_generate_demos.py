@@ -3,6 +3,8 @@ bytes when regenerated from the same seed."""
 
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -62,3 +64,32 @@ def test_the_recorded_state_replays_to_the_recorded_stage(workcell, tmp_path) ->
         workcell.set_physics_state(episode.sim_state[step])
         assert tasks.evaluate(workcell, spec).stage == episode.subtasks[step]
         np.testing.assert_allclose(workcell.joint_positions(), episode.qpos[step], atol=1e-6)
+
+
+def test_split_range_is_contiguous_and_balanced() -> None:
+    assert generate_demos.split_range(7, 3) == [(0, 3), (3, 2), (5, 2)]
+    assert generate_demos.split_range(2, 4) == [(0, 1), (1, 1)]
+    with pytest.raises(ValueError, match="workers >= 1"):
+        generate_demos.generate(pathlib.Path("unused"), 2, SEED, workers=0)
+
+
+def test_two_workers_write_what_a_fresh_workcell_writes_per_seed(tmp_path) -> None:
+    """Each worker starts its own workcell at sim time 0: the second worker's only episode
+    (index 1, seed SEED + 1) is the one a fresh single-process run writes for that seed."""
+    summary = generate_demos.generate(tmp_path / "pool", 2, SEED, workers=2)
+    assert summary["succeeded"] == 2 and summary["workers"] == 2
+    cell = Workcell(WorkcellConfig())
+    try:
+        alone = episode_path(tmp_path / "alone", 0)
+        assert generate_demos.generate_episode(
+            cell, ScriptedExpert(cell.model), SEED + 1, alone, 0
+        )
+    finally:
+        cell.close()
+    pooled, single = read_episode(episode_path(tmp_path / "pool", 1)), read_episode(alone)
+    assert pooled.seed == single.seed == SEED + 1
+    for name in ("qpos", "action", "sim_state"):
+        np.testing.assert_array_equal(getattr(pooled, name), getattr(single, name), name)
+    for camera in pooled.camera_names:
+        np.testing.assert_array_equal(pooled.images[camera], single.images[camera], camera)
+    assert read_episode(episode_path(tmp_path / "pool", 0)).seed == SEED

@@ -133,9 +133,29 @@ def test_a_target_too_long_for_its_kind_is_refused(tokenizer) -> None:
 def test_early_steps_are_drawn_more_often() -> None:
     from oxygen_ros.training.train import sampling_weights
 
-    episode = np.array([0, 0, 0, 0, 1, 1, 1, 2, 2], np.int32)
-    weights = sampling_weights(episode, early_steps=2, early_weight=4.0)
+    step = np.array([0, 1, 2, 3, 0, 1, 2, 0, 1], np.int32)
+    weights = sampling_weights(step, early_steps=2, early_weight=4.0)
     assert np.isclose(weights.sum(), 1.0)
     early = np.array([1, 1, 0, 0, 1, 1, 0, 1, 1], bool)
     np.testing.assert_allclose(weights[early] / weights[~early].max(), 4.0)
-    np.testing.assert_allclose(sampling_weights(episode, 0, 4.0), np.full(9, 1 / 9))
+    np.testing.assert_allclose(sampling_weights(step, 0, 4.0), np.full(9, 1 / 9))
+
+
+def test_state_dropout_swaps_in_the_episodes_home_prompt_only_where_drawn(built) -> None:
+    _, _, samples = built
+    np.testing.assert_array_equal(samples.step, np.tile(np.arange(STEPS), len(SEEDS)))
+    for i in range(len(samples)):
+        first = i - i % STEPS
+        np.testing.assert_array_equal(samples.home_tokens[i], samples.tokens[first])
+        np.testing.assert_array_equal(samples.home_token_mask[i], samples.token_mask[first])
+    index = np.array([3, STEPS + 4, 2 * STEPS + 1])
+    rows = samples.take(index)
+    dropped = data.drop_state(rows, np.array([True, False, True]))
+    np.testing.assert_array_equal(dropped["tokens"][0], samples.tokens[0])
+    np.testing.assert_array_equal(dropped["tokens"][1], samples.tokens[STEPS + 4])
+    np.testing.assert_array_equal(dropped["token_mask"][2], samples.token_mask[2 * STEPS])
+    # The drawn rows really changed (their state differs from home) and `rows` is untouched.
+    assert not np.array_equal(dropped["tokens"][0], rows["tokens"][0])
+    np.testing.assert_array_equal(rows["tokens"], samples.tokens[index])
+    for name in ("actions", "lang_tokens", "lang_labels"):
+        np.testing.assert_array_equal(dropped[name], rows[name])

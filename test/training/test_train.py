@@ -18,7 +18,7 @@ from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, Tokenizer, resolve_tokenizer_path
 from oxygen_ros.engine.types import Observation
 from oxygen_ros.nodes.image_conversion import resize_with_pad
-from oxygen_ros.sim import recorder
+from oxygen_ros.sim import recorder, robot
 from oxygen_ros.training import data, train
 
 pytestmark = pytest.mark.slow
@@ -35,6 +35,7 @@ def _config(demos_dir, out_dir, **overrides) -> train.TrainConfig:
         heldout=1,
         eval_every=15,
         eval_samples=8,
+        state_dropout=0.5,
     )
     fields.update(overrides)
     return train.TrainConfig(**fields)
@@ -58,6 +59,10 @@ def test_loss_falls_and_curves_are_written(trained) -> None:
     assert [r["step"] for r in evaluated] == [15, 30]
     for key in ("val_subtask_exact", "val_narration_exact", "val_memory_exact"):
         assert 0.0 <= final[key] <= 1.0
+    # One held-out episode: its first frame is right or wrong, and the split names its kind.
+    assert final["val_first_arm"] in (0.0, 1.0)
+    assert final["val_first_narration_exact"] in (0.0, 1.0)
+    assert ("val_first_arm_named" in final) != ("val_first_arm_from_images" in final)
     assert (out / "loss_curve.png").stat().st_size > 10_000
     run = json.loads((out / "run.json").read_text())
     assert run["heldout_episodes"] == [1002] and 1002 not in run["train_episodes"]
@@ -140,3 +145,13 @@ def test_training_resumes_from_a_checkpoint(trained, demos_dir, tmp_path) -> Non
     fresh, resumed = first_loss(out), first_loss(tmp_path / "resumed")
     assert resumed < 0.7 * fresh, (fresh, resumed)
     assert json.loads((tmp_path / "resumed" / "run.json").read_text())["config"]["init_from"]
+
+
+def test_moved_arm_is_the_arm_whose_joints_move_further() -> None:
+    state = np.asarray(robot.HOME, np.float32)
+    for arm in robot.ARMS:
+        chunk = np.tile(state, (10, 1))
+        chunk[:, robot.arm_slice(arm)] += np.linspace(0.0, 0.3, 10)[:, None]
+        other = robot.ARMS[1 - robot.ARMS.index(arm)]
+        chunk[:, robot.arm_slice(other)] += 0.01
+        assert train.moved_arm(chunk, state) == arm
