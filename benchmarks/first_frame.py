@@ -6,7 +6,7 @@ with a subtask, a narration and a memory request. Reported per kind: the fractio
 whose text equals the phase-0 target (`sim.language.targets`); and the arm choice: which arm's
 joints the first chunk moves more (its last row against home), against the arm the task needs.
 
-Usage: `python benchmarks/first_frame.py --seeds 20 [--checkpoint DIR]` (after
+Usage: `python benchmarks/first_frame.py --seeds 20 [--checkpoint DIR] [--object-state]` (after
 `source scripts/env.sh`). Writes benchmarks/results/first_frame.json; last line
 `first_frame subtask=<a> narration=<b> memory=<c> arm=<d> episodes=<n>`.
 """
@@ -36,16 +36,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=20, help="held-out seeds 0..N-1")
     parser.add_argument("--checkpoint", default="package://oxygen_ros/models/workcell")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/first_frame.json"))
+    parser.add_argument(
+        "--object-state",
+        action="store_true",
+        help="a checkpoint trained with --object-state (preset workcell_objects)",
+    )
     args = parser.parse_args(argv)
     checkpoint = resolve_path(args.checkpoint)
-    engine = Engine(train.engine_config(checkpoint, scheduler=SchedulerConfig(mode="shared_kv")))
+    preset = "workcell_objects" if args.object_state else "workcell"
+    engine = Engine(
+        train.engine_config(checkpoint, preset=preset, scheduler=SchedulerConfig(mode="shared_kv"))
+    )
     resolution = engine.config.model.image_resolution
     workcell = Workcell(WorkcellConfig())
     episodes = []
     try:
         for seed in range(args.seeds):
             spec = tasks.sample_episode(seed)
-            observation = data.first_frame(workcell, spec, resolution)
+            observation = data.first_frame(workcell, spec, resolution, args.object_state)
             requests = [LanguageRequest(kind) for kind in data.LANGUAGE_KINDS]
             result = engine.step(observation, requests, noise=engine.make_noise(seed))
             said = {out.kind.value: out.text for out in result.outputs}

@@ -11,6 +11,8 @@ Presets (`get_model_config(name)`):
   prompt budget (the longest instruction + 14 three-digit joint states fit) and a horizon of
   10 actions (1 s at the demonstrations' 10 Hz). Same code paths as `pi05`; the prefix is 188
   tokens instead of 968, so a training step fits these CPUs.
+- `workcell_objects`: `workcell` with a 104-token prompt budget, for a state that also carries
+  the cubes' table positions as the workcell's cube detector sees them (prefix 212 tokens).
 
 Invariants:
 - Every config is a frozen, hashable dataclass; compiled model functions are cached per
@@ -32,7 +34,7 @@ from typing import Literal
 
 from oxygen_ros.engine.types import RequestKind
 
-PRESET_NAMES = ("tiny", "workcell", "pi05")
+PRESET_NAMES = ("tiny", "workcell", "workcell_objects", "pi05")
 PI05_IMAGE_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 PALIGEMMA_VOCAB_SIZE = 257_152  # rows of the tied embedding in every openpi Gemma variant
 
@@ -80,6 +82,12 @@ def get_model_config(name: str) -> ModelConfig:
             vision_variant="mu/14",
             dtype="float32",
             param_dtype="float32",
+        )
+    if name == "workcell_objects":
+        # The state also carries the cubes' table positions (perception/workcell_cubes.py):
+        # 20 numbers in the prompt need 102 tokens with the longest instruction.
+        return dataclasses.replace(
+            get_model_config("workcell"), name="workcell_objects", max_token_len=104
         )
     if name == "workcell":
         return ModelConfig(

@@ -113,6 +113,10 @@ class InferenceNode(Node):
         self.exit_code = 0
         self.stop_requested = False
         self._joint_names = tuple(p["joint_names"])
+        # The model's state: the joints, then perceived entries of the frame (not actions).
+        self._state_names = self._joint_names + tuple(p["state_extra_names"])
+        if len(set(self._state_names)) != len(self._state_names):
+            raise P.ParameterError(f"state_extra_names repeat a joint: {p['state_extra_names']}")
         try:
             self._engine_config = build_engine_config(p.values(), len(self._joint_names))
             self._stream = ActionStream(self._stream_config())
@@ -439,7 +443,7 @@ class InferenceNode(Node):
         try:
             frame = deserialize_message(data, ObservationFrame)
             observation = observation_from_msg(
-                frame, prompt, self._image_keys, self._joint_names, self._resolution
+                frame, prompt, self._image_keys, self._state_names, self._resolution
             )
         except RejectedFrameError as exc:
             self._drop_frame(key, requests, f"frame_{exc.reason}", f"frame rejected: {exc}")
@@ -466,7 +470,9 @@ class InferenceNode(Node):
                 f"{self.params['max_chunk_age_s']:g})",
             )
             return
-        self._last_positions = np.asarray(observation.state, dtype=np.float64)
+        self._last_positions = np.asarray(
+            observation.state[: len(self._joint_names)], dtype=np.float64
+        )  # the joints (the state may go on with perceived entries)
         fault = self.params["fault_injection"]
         try:
             for request_id in self._queue.take_aborts():

@@ -127,6 +127,11 @@ def non_empty(v: Sequence) -> str | None:
 def unique_names(v: Sequence[str]) -> str | None:
     if not v:
         return "must not be empty"
+    return unique_names_or_none(v)
+
+
+def unique_names_or_none(v: Sequence[str]) -> str | None:
+    """Like `unique_names`, but an empty list is allowed."""
     if len(set(v)) != len(v) or any(not s for s in v):
         return "names must be unique and non-empty"
     return None
@@ -386,6 +391,13 @@ PERCEPTION: tuple[ParamSpec, ...] = (
     ParamSpec(
         "max_image_dim", 8192, "larger input images are rejected", "int", check=int_range(1, 65535)
     ),
+    ParamSpec(
+        "cube_state_camera",
+        "",
+        "camera whose full-size images feed the workcell cube detector; the cubes' table "
+        "positions follow the joints in each frame's state ('' = off)",
+        "str",
+    ),
 )
 PERCEPTION_CAMERA: tuple[ParamSpec, ...] = (
     ParamSpec("topic", "", "image topic", "str", check=topic_name),
@@ -405,6 +417,14 @@ FAULT_INJECTIONS = ("", "engine_exception", "nan_chunk")
 INFERENCE: tuple[ParamSpec, ...] = (
     # engine
     ParamSpec("model_preset", "tiny", "engine model preset", "str", check=one_of(*PRESET_NAMES)),
+    ParamSpec(
+        "state_extra_names",
+        [],
+        "perceived state entries of the frame (e.g. perception's cube positions) that follow "
+        "the joints in the model's state",
+        "str_list",
+        check=unique_names_or_none,
+    ),
     ParamSpec("checkpoint_dir", "", "openpi checkpoint dir ('' = random init)", "str"),
     ParamSpec("assets_id", "", "assets/<id>/norm_stats.json ('' = no normalisation)", "str"),
     ParamSpec("tokenizer_path", "", "SentencePiece model ('' = engine default)", "str"),

@@ -14,11 +14,16 @@ Invariants:
 - A sample stamped zero (an unstamped driver) is stamped with its arrival time (counted).
 - An unexpected error while handling one input message drops that message (counted as
   `rejected.internal_error`, logged with its cause); it never ends the node.
+- With `cube_state_camera`, every frame's state is the configured joints followed by the
+  workcell cube detector's tracked cube positions (`perception.workcell_cubes.STATE_NAMES`),
+  found in that camera's full-size image of the frame; a frame without that image keeps the
+  last positions (`cube_state.unseen`). Their velocities are NaN (not measured).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -31,7 +36,12 @@ from oxygen_ros.msg import ObservationFrame
 from oxygen_ros.nodes import params as P
 from oxygen_ros.nodes.conversions import observation_frame_msg, time_to_seconds
 from oxygen_ros.nodes.fusion import CameraSpec, Fuser, FusionConfig, RejectedInputError
-from oxygen_ros.nodes.image_conversion import ImageConversionError, check_image, to_model_image
+from oxygen_ros.nodes.image_conversion import (
+    ImageConversionError,
+    check_image,
+    decode_image,
+    to_model_image,
+)
 from oxygen_ros.nodes.runtime import (
     OBSERVATION_QOS,
     SENSOR_QOS,
@@ -71,6 +81,18 @@ class PerceptionNode(Node):
             self._fuser = Fuser(self._fusion_config())
         except ValueError as exc:
             raise P.ParameterError(str(exc)) from exc
+        self._cube_camera = next(
+            (c for c in self._cameras if c.name == p["cube_state_camera"]), None
+        )
+        if p["cube_state_camera"] and self._cube_camera is None:
+            raise P.ParameterError(
+                f"cube_state_camera {p['cube_state_camera']!r} is not one of camera_names"
+            )
+        self._cube_state = None
+        if self._cube_camera is not None:
+            from oxygen_ros.perception.workcell_cubes import CubeState  # MuJoCo: only if used
+
+            self._cube_state = CubeState()
         self._out_size = (p["image_height"], p["image_width"])
         self._converted: dict[str, tuple[float, np.ndarray]] = {}  # camera -> (stamp, image)
         self.counters: collections.Counter[str] = collections.Counter()
@@ -209,6 +231,8 @@ class PerceptionNode(Node):
                 )
             return
         self._last_skip_reason = ""
+        if self._cube_state is not None:
+            frame = self._with_cubes(frame)
         by_slot = {c.slot: c for c in self._cameras}
         images: list[np.ndarray | None] = []
         for slot, payload, stamp in zip(
@@ -227,19 +251,36 @@ class PerceptionNode(Node):
         self.counters["frames"] += 1
         self._publish_times.append(now_s(self))  # node time: sim time follows /clock
 
+    def _with_cubes(self, frame):
+        """`frame` with the tracked cube positions appended to its state."""
+        camera = self._cube_camera
+        payload = frame.payloads[frame.slots.index(camera.slot)]
+        image = None
+        if payload is not None:
+            try:
+                image = decode_image(*_buffer(payload), max_dim=self.params["max_image_dim"])
+            except ImageConversionError as exc:  # checked on arrival; kept for safety
+                self._reject(exc.reason, f"{camera.name} image: {exc}")
+        if image is None:
+            self.counters["cube_state.unseen"] += 1
+        cubes = self._cube_state.update(image)
+        velocities = frame.velocities
+        if len(velocities):
+            velocities = np.concatenate([velocities, np.full(len(cubes), np.nan)])
+        return dataclasses.replace(
+            frame,
+            joint_names=(*frame.joint_names, *self._cube_state.names),
+            positions=np.concatenate([frame.positions, cubes]),
+            velocities=velocities,
+        )
+
     def _convert(self, camera: CameraSpec, msg: Image, stamp: float) -> np.ndarray | None:
         cached = self._converted.get(camera.name)
         if cached is not None and cached[0] == stamp:
             return cached[1]
         try:
             image = to_model_image(
-                msg.height,
-                msg.width,
-                msg.encoding,
-                msg.step,
-                msg.data,
-                *self._out_size,
-                max_dim=self.params["max_image_dim"],
+                *_buffer(msg), *self._out_size, max_dim=self.params["max_image_dim"]
             )
         except ImageConversionError as exc:  # checked on arrival; kept for safety
             self._reject(exc.reason, f"{camera.name} image: {exc}")
@@ -286,6 +327,11 @@ class PerceptionNode(Node):
     def close(self) -> None:
         self._frame_timer.cancel()
         self._diag_timer.cancel()
+
+
+def _buffer(msg: Image) -> tuple:
+    """(height, width, encoding, step, data): what image_conversion decodes."""
+    return msg.height, msg.width, msg.encoding, msg.step, msg.data
 
 
 def main(args: Sequence[str] | None = None) -> int:

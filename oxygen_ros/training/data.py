@@ -40,6 +40,7 @@ from oxygen_ros.engine.checkpoint import Normalizer
 from oxygen_ros.engine.config import ModelConfig, NormConfig, PromptConfig
 from oxygen_ros.engine.tokenizer import EOS_ID, Tokenizer
 from oxygen_ros.engine.types import Observation, RequestKind
+from oxygen_ros.perception import workcell_cubes
 from oxygen_ros.sim import language, recorder, robot, tasks
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ class Episodes:
     """Raw per-step arrays of several episodes (robot units), concatenated."""
 
     images: dict[str, np.ndarray]  # slot -> uint8 [N, h, w, 3] at the model resolution
-    state: np.ndarray  # float32 [N, J]
+    state: np.ndarray  # float32 [N, J] (+ 6 cube coordinates with object_state)
     actions: np.ndarray  # float32 [N, A, J]
     episode: np.ndarray  # int32 [N], index into `specs`
     stage: np.ndarray  # int32 [N], phase index of the recorded subtask
@@ -106,9 +107,16 @@ class Samples:
 
 
 def load_episodes(
-    paths: Sequence[str | os.PathLike], config: ModelConfig, fps: float | None = None
+    paths: Sequence[str | os.PathLike],
+    config: ModelConfig,
+    fps: float | None = None,
+    object_state: bool = False,
 ) -> Episodes:
-    """Reads successful episodes and builds per-step raw arrays at the model resolution."""
+    """Reads successful episodes and builds per-step raw arrays at the model resolution.
+
+    With `object_state`, each step's state is the joints followed by the cubes' table
+    positions that the workcell's cube detector finds in the recorded top-camera frames (at
+    their recorded resolution, as perception sees them), tracked through the episode."""
     images: dict[str, list[np.ndarray]] = {slot: [] for slot in config.image_keys}
     state, actions, episode, stage = [], [], [], []
     specs, seeds = [], []
@@ -128,7 +136,11 @@ def load_episodes(
             frames = ep.images[SLOT_CAMERAS[slot]]
             resized = image_tools.resize_with_pad(frames, *config.image_resolution)
             images[slot].append(np.asarray(resized, np.uint8))
-        state.append(ep.qpos.astype(np.float32))
+        joints = ep.qpos.astype(np.float32)
+        if object_state:
+            cubes = workcell_cubes.episode_cube_states(ep.images[workcell_cubes.CAMERA])
+            joints = np.concatenate([joints, cubes], axis=1)
+        state.append(joints)
         rows = np.minimum(np.arange(steps)[:, None] + np.arange(config.action_horizon), steps - 1)
         actions.append(ep.action[rows].astype(np.float32))
         episode.append(np.full((steps,), index, np.int32))
@@ -147,19 +159,28 @@ def load_episodes(
 
 
 def first_frame(
-    workcell: Workcell, spec: tasks.EpisodeSpec, resolution: tuple[int, int]
+    workcell: Workcell,
+    spec: tasks.EpisodeSpec,
+    resolution: tuple[int, int],
+    object_state: bool = False,
 ) -> Observation:
     """What perception hands the engine right after a reset to `spec` (robot at home): the
-    three cameras resized to `resolution` as the perception node does, the joint state, the
+    three cameras resized to `resolution` as the perception node does, the joint state (then,
+    with `object_state`, the cubes the detector finds in the full-size top image), the
     instruction."""
     workcell.reset(robot.HOME, spec.objects)
+    rendered = {camera: workcell.render(camera) for camera in SLOT_CAMERAS.values()}
+    state = workcell.joint_positions().astype(np.float32)
+    if object_state:
+        top = rendered[workcell_cubes.CAMERA][None]
+        state = np.concatenate([state, workcell_cubes.episode_cube_states(top)[0]])
     return Observation(
         images={
-            slot: np.asarray(image_tools.resize_with_pad(workcell.render(camera), *resolution))
+            slot: np.asarray(image_tools.resize_with_pad(rendered[camera], *resolution))
             for slot, camera in SLOT_CAMERAS.items()
         },
         image_masks=dict.fromkeys(SLOT_CAMERAS, True),
-        state=workcell.joint_positions().astype(np.float32),
+        state=state,
         prompt=spec.instruction,
         stamp=0.0,
     )

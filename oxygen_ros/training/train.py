@@ -95,6 +95,7 @@ class TrainConfig:
     early_steps: int = 0  # the first early_steps steps of each episode are drawn ...
     early_weight: float = 1.0  # ... this many times as often (the arm is still at home there)
     state_dropout: float = 0.0  # fraction of samples whose prompt carries the home state
+    object_state: bool = False  # state = joints + the cube detector's cube positions
 
     def __post_init__(self) -> None:
         if self.steps < 2 or self.batch_size < 1 or self.eval_every < 1:
@@ -105,6 +106,8 @@ class TrainConfig:
             raise ValueError("need early_steps >= 0 and early_weight > 0")
         if not 0.0 <= self.state_dropout < 1.0:
             raise ValueError("need 0 <= state_dropout < 1")
+        if self.object_state and self.preset != "workcell_objects":
+            raise ValueError("object_state needs the workcell_objects preset (a longer prompt)")
         if not 0 < self.end_lr <= self.peak_lr:
             raise ValueError("need 0 < end_lr <= peak_lr")
 
@@ -364,7 +367,7 @@ def evaluate_first_frames(
     the task's arm more than the other (split by whether the instruction names the arm or
     only the images can tell), and the narration's teacher-forced exact match."""
     index = np.flatnonzero(samples.step == 0)
-    robot_dim = episodes.state.shape[1]
+    robot_dim = episodes.actions.shape[-1]
     hits, narration, named = [], [], []
     noise_key = jax.random.key(54321)
     narration_seg = _data.LANGUAGE_KINDS.index(RequestKind.NARRATION)
@@ -463,8 +466,10 @@ def train(config: TrainConfig) -> dict:
     paths = [p for d in config.data_dir.split(",") for p in recorder.list_episodes(d)]
     train_paths, heldout_paths = split_episodes(paths, config.heldout)
     started = time.monotonic()
-    train_eps = _data.load_episodes(train_paths, model_config)
-    heldout_eps = _data.load_episodes(heldout_paths, model_config)
+    train_eps = _data.load_episodes(train_paths, model_config, object_state=config.object_state)
+    heldout_eps = _data.load_episodes(
+        heldout_paths, model_config, object_state=config.object_state
+    )
     norm_stats = _data.compute_norm_stats(train_eps, norm)
     normalizer = Normalizer(norm_stats, norm)
     train_samples = _data.build_samples(train_eps, model_config, tokenizer, normalizer, prompt)
@@ -479,7 +484,7 @@ def train(config: TrainConfig) -> dict:
         heldout_eps.seeds,
         time.monotonic() - started,
     )
-    robot_dim = train_eps.state.shape[1]
+    robot_dim = train_eps.actions.shape[-1]  # the state may carry more (object positions)
     if config.init_from:
         model = load_params(config.init_from, model_config)
     else:
@@ -551,10 +556,12 @@ def train(config: TrainConfig) -> dict:
     return final
 
 
-def engine_config(checkpoint_dir: str, assets_id: str = "workcell", **overrides) -> EngineConfig:
+def engine_config(
+    checkpoint_dir: str, assets_id: str = "workcell", preset: str = "workcell", **overrides
+) -> EngineConfig:
     """EngineConfig that serves a checkpoint written here (its own tokenizer)."""
     return dataclasses.replace(
-        EngineConfig(model=get_model_config("workcell")),
+        EngineConfig(model=get_model_config(preset)),
         checkpoint_dir=checkpoint_dir,
         assets_id=assets_id,
         **overrides,

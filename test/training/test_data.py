@@ -33,31 +33,36 @@ def built(demos_dir, tokenizer):
     return episodes, normalizer, samples
 
 
+def served_inputs(ep, t: int, state, config, tokenizer, normalizer):
+    """The engine's model inputs for step t of a recorded episode, as perception would publish
+    it (each camera resized to the model resolution) with `state`."""
+    observation = Observation(
+        images={
+            slot: resize_with_pad(ep.images[cam][t], *config.image_resolution)
+            for slot, cam in data.SLOT_CAMERAS.items()
+        },
+        image_masks={slot: True for slot in data.SLOT_CAMERAS},
+        state=state,
+        prompt=ep.instruction,
+        stamp=0.0,
+    )
+    return observation_to_inputs(
+        observation,
+        config.image_keys,
+        config.image_resolution,
+        tokenizer,
+        normalizer,
+        config.max_token_len,
+    )
+
+
 def test_prompt_and_images_equal_the_engines_inputs(demos_dir, built, tokenizer) -> None:
     _, normalizer, samples = built
     paths = recorder.list_episodes(demos_dir)
     for i in (0, STEPS + 5, 3 * STEPS - 1):
         ep = recorder.read_episode(paths[i // STEPS])
         t = i % STEPS
-        observation = Observation(
-            # What perception publishes: each camera resized to the model resolution.
-            images={
-                slot: resize_with_pad(ep.images[cam][t], *WORKCELL.image_resolution)
-                for slot, cam in data.SLOT_CAMERAS.items()
-            },
-            image_masks={slot: True for slot in data.SLOT_CAMERAS},
-            state=ep.qpos[t],
-            prompt=ep.instruction,
-            stamp=0.0,
-        )
-        inputs = observation_to_inputs(
-            observation,
-            WORKCELL.image_keys,
-            WORKCELL.image_resolution,
-            tokenizer,
-            normalizer,
-            WORKCELL.max_token_len,
-        )
+        inputs = served_inputs(ep, t, ep.qpos[t], WORKCELL, tokenizer, normalizer)
         np.testing.assert_array_equal(samples.tokens[i], inputs.tokens[0])
         np.testing.assert_array_equal(samples.token_mask[i], inputs.token_mask[0])
         for slot in WORKCELL.image_keys:
@@ -159,3 +164,28 @@ def test_state_dropout_swaps_in_the_episodes_home_prompt_only_where_drawn(built)
     np.testing.assert_array_equal(rows["tokens"], samples.tokens[index])
     for name in ("actions", "lang_tokens", "lang_labels"):
         np.testing.assert_array_equal(dropped[name], rows[name])
+
+
+def test_object_state_is_the_joints_then_the_tracked_cubes_and_served_alike(
+    demos_dir, tokenizer
+) -> None:
+    from oxygen_ros.perception import workcell_cubes
+
+    config = get_model_config("workcell_objects")
+    paths = recorder.list_episodes(demos_dir)
+    episodes = data.load_episodes(paths, config, object_state=True)
+    assert episodes.state.shape == (len(SEEDS) * STEPS, 14 + 2 * len(workcell_cubes.CUBE_NAMES))
+    normalizer = Normalizer(data.compute_norm_stats(episodes, NormConfig()), NormConfig())
+    samples = data.build_samples(episodes, config, tokenizer, normalizer, PromptConfig())
+    ep = recorder.read_episode(paths[1])
+    cubes = workcell_cubes.episode_cube_states(ep.images[workcell_cubes.CAMERA])
+    np.testing.assert_array_equal(episodes.state[STEPS : 2 * STEPS, :14], ep.qpos)
+    np.testing.assert_array_equal(episodes.state[STEPS : 2 * STEPS, 14:], cubes)
+    t = 4
+    inputs = served_inputs(ep, t, episodes.state[STEPS + t], config, tokenizer, normalizer)
+    np.testing.assert_array_equal(samples.tokens[STEPS + t], inputs.tokens[0])
+    # All 20 numbers fit: the prompt ends with the action marker, as the engine builds it.
+    text = tokenizer.decode(
+        [int(i) for i in samples.tokens[STEPS + t][samples.token_mask[STEPS + t]]]
+    )
+    assert text.endswith("Action: ") and len(text.split("State: ")[1].split(";")[0].split()) == 20
