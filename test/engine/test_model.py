@@ -52,7 +52,7 @@ def test_presets_have_openpi_image_layout() -> None:
     for name in PRESET_NAMES:
         config = get_model_config(name)
         assert config.image_keys == ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
-        tokens = 36 if name == "workcell" else 256  # 96 px / 16 vs 224 px / 14
+        tokens = 36 if name.startswith("workcell") else 256  # 96 px / 16 vs 224 px / 14
         assert config.num_image_tokens == tokens
         assert config.prefix_len == 3 * tokens + config.max_token_len
 

@@ -361,8 +361,11 @@ def test_chunks_observed_before_the_reset_are_refused(sim) -> None:
     _launcher, probe, _simulator, _perception = sim
     # A stamp before the reset must be positive (a zero stamp means "now"), run alone or not.
     wait_for(lambda: probe.clocks and probe.now() > 1.0, 10, "simulator time past 1 s")
-    probe.reset(seed=8)
-    reset_at = probe.status_of(max(s.episode_id for s in probe.statuses))[0]
+    reply = probe.reset(seed=8)
+    # The new episode's own status: right after the reply, the newest status received may
+    # still be the previous episode's, whose start would make the "fresh" chunk too old.
+    wait_for(lambda: probe.status_of(reply.episode_id), 10, "the new episode's status")
+    reset_at = probe.status_of(reply.episode_id)[0]
     reset_s = time_to_seconds(reset_at.header.stamp) - reset_at.elapsed_s
 
     def counter(name: str) -> int:
@@ -395,7 +398,11 @@ def test_chunks_observed_before_the_reset_are_refused(sim) -> None:
     fresh = chunk(["right_waist"], [[HOME["right_waist"] + 0.3]] * 10, start, 0.1)
     fresh.observation_stamp = seconds_to_time(reset_s + 0.01)
     probe.chunk_pub.publish(fresh)
-    wait_for(lambda: counter("chunk") > accepted, 10, "the fresh chunk accepted")
+    wait_for(
+        lambda: counter("chunk") > accepted,
+        10,
+        lambda: f"the fresh chunk accepted; last diagnostics {probe.diagnostics[-1:]}",
+    )
     wait_for(lambda: moved(start, start + 1.0), 20, "right_waist at the fresh chunk's target")
 
 
