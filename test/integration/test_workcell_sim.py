@@ -309,7 +309,9 @@ def test_expired_command_holds_its_value_at_the_deadline(sim) -> None:
         )
     held_value = np.interp(deadline, times, rows[:, 0].astype(np.float64))
     held = probe.commands_between(deadline + 0.005, deadline + 0.5)
-    assert len(held) >= 40
+    # Under CI load one run received 20 of the nominal 50 commands of this window (merged ticks
+    # or samples the probe lost), so the check asks for the window to be covered, not a count.
+    assert len(held) >= 10 and held[-1][0] - held[0][0] >= 0.4, [t for t, _ in held]
     assert all(c["right_waist"] == pytest.approx(held_value, abs=1e-6) for _, c in held)
     wait_for(
         lambda: any(s.starvation_events == 1 for s in probe.status_of(reply.episode_id)),
