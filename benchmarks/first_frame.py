@@ -4,7 +4,8 @@ For each seed: the workcell is reset to the episode (robot at home), the three c
 rendered and resized as perception does, and the engine (shared_kv, greedy) runs one frame
 with a subtask, a narration and a memory request. Reported per kind: the fraction of episodes
 whose text equals the phase-0 target (`sim.language.targets`); and the arm choice: which arm's
-joints the first chunk moves more (its last row against home), against the arm the task needs.
+joints the first chunk moves more (`train.moved_arm`: summed over the rows, against home),
+against the arm the task needs; `moved_rad` is each arm's largest joint move at the last row.
 
 Usage: `python benchmarks/first_frame.py --seeds 20 [--checkpoint DIR] [--object-state]` (after
 `source scripts/env.sh`). Writes benchmarks/results/first_frame.json; last line
@@ -57,14 +58,16 @@ def main(argv: list[str] | None = None) -> int:
             requests = [LanguageRequest(kind) for kind in data.LANGUAGE_KINDS]
             result = engine.step(observation, requests, noise=engine.make_noise(seed))
             said = {out.kind.value: out.text for out in result.outputs}
-            moved = np.abs(result.actions.actions[-1] - robot.HOME)
-            left, right = moved[:6].max(), moved[7:13].max()
+            chunk = result.actions.actions
+            moved = np.abs(chunk[-1] - robot.HOME)
+            # each arm's largest joint move at the last row (grippers left out)
+            left, right = (moved[robot.arm_slice(arm)][:-1].max() for arm in robot.ARMS)
             episodes.append(
                 {
                     "seed": seed,
                     "instruction": spec.instruction,
                     "arm": spec.arm,
-                    "moved_arm": "left" if left > right else "right",
+                    "moved_arm": train.moved_arm(chunk, robot.HOME),
                     "moved_rad": [float(left), float(right)],
                     "said": said,
                     "expected": language.targets(spec, 0),

@@ -4,12 +4,19 @@ Layout (as released by openpi, e.g. pi05_base / pi05_droid / pi05_libero):
 
     <checkpoint_dir>/params/                      orbax PyTree {"params": tree}
     <checkpoint_dir>/assets/<assets_id>/norm_stats.json
+    <checkpoint_dir>/assets/<assets_id>/action_space.json   (optional, this project's)
 
 Parameters restore through openpi's `restore_params` (a trailing "value" key from training
 checkpoints is stripped there) and must match the model's tree exactly: every missing,
 unexpected or mis-shaped path is reported by name. Norm stats load through openpi's
 `normalize.load`; states are normalised and actions unnormalised with openpi's own
 `Normalize` / `Unnormalize` transforms (quantile for pi0.5, configurable).
+
+The action space: openpi trains some policies on delta joint actions (`DeltaActions` with a
+joint mask: the masked action dims are relative to the observation's state) and serves them with
+`AbsoluteActions` after unnormalising. openpi keeps the mask in its training config; a
+checkpoint trained here records it in `action_space.json` ({"delta_action_mask": [bool, ...]})
+so that serving it needs no extra setting. Without the file the actions are absolute.
 
 Invariants:
 - A checkpoint never loads partially: any mismatch raises `CheckpointError` before the
@@ -19,6 +26,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import logging
 import pathlib
 from collections.abc import Mapping
@@ -87,6 +95,16 @@ def load_norm_stats(
 
     With `assets_id=None` the checkpoint's only assets directory is used.
     """
+    directory = _assets_dir(checkpoint_dir, assets_id)
+    if not (directory / "norm_stats.json").is_file():
+        raise FileNotFoundError(f"norm stats not found: {directory / 'norm_stats.json'}")
+    return _normalize.load(directory)
+
+
+ACTION_SPACE_FILE = "action_space.json"
+
+
+def _assets_dir(checkpoint_dir: str | pathlib.Path, assets_id: str | None) -> pathlib.Path:
     assets = pathlib.Path(checkpoint_dir) / "assets"
     if assets_id is None:
         found = sorted(p.name for p in assets.iterdir() if p.is_dir()) if assets.is_dir() else []
@@ -95,10 +113,31 @@ def load_norm_stats(
                 f"set assets_id: {assets} holds {len(found)} asset directories {found}"
             )
         assets_id = found[0]
-    directory = assets / assets_id
-    if not (directory / "norm_stats.json").is_file():
-        raise FileNotFoundError(f"norm stats not found: {directory / 'norm_stats.json'}")
-    return _normalize.load(directory)
+    return assets / assets_id
+
+
+def load_delta_action_mask(
+    checkpoint_dir: str | pathlib.Path, assets_id: str | None
+) -> tuple[bool, ...]:
+    """The checkpoint's delta-action mask (`action_space.json`); () when it has none (absolute
+    actions)."""
+    path = _assets_dir(checkpoint_dir, assets_id) / ACTION_SPACE_FILE
+    if not path.is_file():
+        return ()
+    try:
+        mask = json.loads(path.read_text())["delta_action_mask"]
+        if not isinstance(mask, list) or not all(isinstance(m, bool) for m in mask):
+            raise TypeError(f"not a list of booleans: {mask!r}")
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{path}: no valid delta_action_mask ({err})") from err
+    return tuple(mask)
+
+
+def save_delta_action_mask(assets_dir: str | pathlib.Path, mask: tuple[bool, ...]) -> None:
+    """Writes `action_space.json` into a checkpoint's `assets/<id>/` directory."""
+    path = pathlib.Path(assets_dir) / ACTION_SPACE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"delta_action_mask": [bool(m) for m in mask]}) + "\n")
 
 
 class Normalizer:
@@ -139,6 +178,17 @@ class Normalizer:
         """Robot actions [..., J] -> model units (what training regresses)."""
         out = self._normalize_actions({"actions": np.asarray(actions, np.float32)})["actions"]
         return np.asarray(out, np.float32)
+
+    @staticmethod
+    def absolute_actions(
+        actions: np.ndarray, state: np.ndarray, delta_mask: tuple[bool, ...]
+    ) -> np.ndarray:
+        """Delta actions [A, J] (robot units) -> absolute, with openpi's `AbsoluteActions`: the
+        raw `state` is added on the masked dims (identity for an empty mask)."""
+        if not delta_mask:
+            return np.asarray(actions, np.float32)
+        data = {"state": np.asarray(state, np.float32), "actions": np.array(actions, np.float32)}
+        return np.asarray(_transforms.AbsoluteActions(delta_mask)(data)["actions"], np.float32)
 
     def unnormalize_actions(self, actions: np.ndarray) -> np.ndarray:
         """Model actions [..., J] -> robot units; dims beyond the stats pass through."""

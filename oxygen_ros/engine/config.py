@@ -236,6 +236,9 @@ class EngineConfig:
     assets_id: str | None = None  # assets/<assets_id>/norm_stats.json; None: no normalisation
     tokenizer_path: str | None = None  # None: default_tokenizer_path(), else the bundled model
     action_output_dim: int | None = None  # None: the norm stats' action dim, else model dim
+    # Delta joint actions (openpi's DeltaActions mask: True dims are relative to the state).
+    # None: the checkpoint's assets/<id>/action_space.json (absolute without it); (): absolute.
+    delta_action_mask: tuple[bool, ...] | None = None
     seed: int = 0  # parameter init and action noise
 
     def __post_init__(self) -> None:

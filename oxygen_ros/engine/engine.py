@@ -52,6 +52,7 @@ from oxygen_ros.engine import compiles, prompts
 from oxygen_ros.engine.checkpoint import (
     Normalizer,
     NormStats,
+    load_delta_action_mask,
     load_norm_stats,
     load_params,
 )
@@ -318,6 +319,11 @@ class Engine:
         if model.config != config.model:
             raise ValueError(f"model config {model.config} differs from {config.model}")
         self.normalizer = Normalizer(norm_stats, config.norm)
+        self.delta_action_mask: tuple[bool, ...] = config.delta_action_mask or ()
+        if config.delta_action_mask is None and config.checkpoint_dir is not None:
+            self.delta_action_mask = load_delta_action_mask(
+                config.checkpoint_dir, config.assets_id
+            )
         self.model = JitModel(
             model, vocab_size=min(self.tokenizer.vocab_size, PALIGEMMA_VOCAB_SIZE)
         )
@@ -567,6 +573,9 @@ class Engine:
         actions = self.runner.denoise(prefix, noise)[0]
         phases.denoise_s = time.perf_counter() - denoise_start
         actions = self.normalizer.unnormalize_actions(actions)[:, : self.action_output_dim]
+        actions = self.normalizer.absolute_actions(
+            actions, observation.state, self.delta_action_mask
+        )
         action_result = ActionResult(actions, observation.stamp, time.perf_counter() - start)
         num_prefills_before = self._counters.num_prefills - 1
         try:

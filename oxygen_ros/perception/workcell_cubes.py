@@ -52,10 +52,8 @@ def tracker() -> CubeTracker:
 def episode_cube_states(top_images: np.ndarray) -> np.ndarray:
     """[T, 2 * len(CUBE_NAMES)] float32: the tracked cube positions of one episode's top-camera
     frames [T, H, W, 3], in order, from a fresh tracker."""
-    height, width = top_images.shape[1:3]
-    found = detector(width, height)
-    track = tracker()
-    return np.stack([track.update(found.detect(image)) for image in top_images]).astype(np.float32)
+    cubes = CubeState()
+    return np.stack([cubes.update(image) for image in top_images]).astype(np.float32)
 
 
 class CubeState:

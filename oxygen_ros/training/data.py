@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+import openpi.transforms as _transforms
 from openpi.shared import normalize
 from openpi_client import image_tools
 
@@ -55,6 +56,9 @@ SLOT_CAMERAS = {
     "right_wrist_0_rgb": "right_wrist",
 }
 LANGUAGE_KINDS = (RequestKind.SUBTASK, RequestKind.NARRATION, RequestKind.MEMORY)
+# openpi's ALOHA delta mask: the 6 arm joints of each arm relative to the state, grippers
+# absolute (robot.JOINT_NAMES: left arm, left gripper, right arm, right gripper).
+DELTA_ACTION_MASK = _transforms.make_bool_mask(6, -1, 6, -1)
 LANGUAGE_BLOCK_LEN = 48  # packed tails + targets of the three kinds (longest: 43)
 
 
@@ -184,6 +188,15 @@ def first_frame(
         prompt=spec.instruction,
         stamp=0.0,
     )
+
+
+def delta_actions(actions: np.ndarray, state: np.ndarray, mask: tuple[bool, ...]) -> np.ndarray:
+    """Absolute action chunks [N, A, J] -> openpi's `DeltaActions`: the masked dims minus each
+    step's state [N, >= J] (a new array; the identity for an empty mask)."""
+    if not mask:
+        return actions
+    data = {"state": np.asarray(state), "actions": np.array(actions, np.float32)}
+    return np.asarray(_transforms.DeltaActions(mask)(data)["actions"], np.float32)
 
 
 def compute_norm_stats(episodes: Episodes, norm: NormConfig) -> dict[str, normalize.NormStats]:

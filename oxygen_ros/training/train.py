@@ -51,7 +51,7 @@ import orbax.checkpoint as ocp
 from openpi.shared import normalize
 
 from oxygen_ros.engine import model_fns
-from oxygen_ros.engine.checkpoint import Normalizer, load_params
+from oxygen_ros.engine.checkpoint import Normalizer, load_params, save_delta_action_mask
 from oxygen_ros.engine.config import (
     EngineConfig,
     ModelConfig,
@@ -96,6 +96,7 @@ class TrainConfig:
     early_weight: float = 1.0  # ... this many times as often (the arm is still at home there)
     state_dropout: float = 0.0  # fraction of samples whose prompt carries the home state
     object_state: bool = False  # state = joints + the cube detector's cube positions
+    delta_actions: bool = False  # arm joints relative to the state (_data.DELTA_ACTION_MASK)
 
     def __post_init__(self) -> None:
         if self.steps < 2 or self.batch_size < 1 or self.eval_every < 1:
@@ -106,6 +107,11 @@ class TrainConfig:
             raise ValueError("need early_steps >= 0 and early_weight > 0")
         if not 0.0 <= self.state_dropout < 1.0:
             raise ValueError("need 0 <= state_dropout < 1")
+        if self.delta_actions and self.state_dropout > 0:
+            raise ValueError(
+                "state dropout puts the home state in the prompt: delta actions "
+                "are relative to the real one"
+            )
         if self.object_state and self.preset != "workcell_objects":
             raise ValueError("object_state needs the workcell_objects preset (a longer prompt)")
         if not 0 < self.end_lr <= self.peak_lr:
@@ -283,11 +289,17 @@ def sampling_weights(step: np.ndarray, early_steps: int, early_weight: float) ->
 
 
 def save_checkpoint(
-    out_dir: pathlib.Path, params: dict, norm_stats: dict, assets_id: str, tokenizer_path: str
+    out_dir: pathlib.Path,
+    params: dict,
+    norm_stats: dict,
+    assets_id: str,
+    tokenizer_path: str,
+    delta_action_mask: tuple[bool, ...] = (),
 ) -> None:
     """openpi layout: <out>/params ({"params": tree}), <out>/assets/<id>/norm_stats.json, and
     the tokenizer it was trained with as <out>/assets/<id>/tokenizer.model (the engine uses
-    it when no tokenizer_path is given)."""
+    it when no tokenizer_path is given); with delta actions, their mask as
+    <out>/assets/<id>/action_space.json (the engine serves them back as absolute targets)."""
     params_dir = out_dir.resolve() / "params"
     if params_dir.exists():
         shutil.rmtree(params_dir)
@@ -295,6 +307,8 @@ def save_checkpoint(
         checkpointer.save(params_dir, {"params": params})
     normalize.save(out_dir / "assets" / assets_id, norm_stats)
     shutil.copyfile(tokenizer_path, out_dir / "assets" / assets_id / TOKENIZER_FILE)
+    if delta_action_mask:
+        save_delta_action_mask(out_dir / "assets" / assets_id, delta_action_mask)
 
 
 def split_episodes(paths: Sequence[pathlib.Path], heldout: int) -> tuple[list, list]:
@@ -362,6 +376,7 @@ def evaluate_first_frames(
     normalizer: Normalizer,
     image_keys: Sequence[str],
     batch_size: int,
+    delta_mask: tuple[bool, ...] = (),
 ) -> dict[str, float]:
     """On the first frame of every held-out episode: the fraction whose denoised chunk moves
     the task's arm more than the other (split by whether the instruction names the arm or
@@ -386,7 +401,8 @@ def evaluate_first_frames(
         narration.append(~(in_seg & ~np.asarray(losses.token_correct)).any(axis=1))
         for row, i in enumerate(chosen):
             spec = episodes.specs[int(samples.episode[i])]
-            hits.append(moved_arm(predicted[row], episodes.state[i]) == spec.arm)
+            chunk = Normalizer.absolute_actions(predicted[row], episodes.state[i], delta_mask)
+            hits.append(moved_arm(chunk, episodes.state[i]) == spec.arm)
             named.append(spec.template == "pick_with_arm")
     hits_, named_ = np.array(hits), np.array(named)
     out = {
@@ -470,6 +486,9 @@ def train(config: TrainConfig) -> dict:
     heldout_eps = _data.load_episodes(
         heldout_paths, model_config, object_state=config.object_state
     )
+    delta_mask = _data.DELTA_ACTION_MASK if config.delta_actions else ()
+    for episodes in (train_eps, heldout_eps):
+        episodes.actions = _data.delta_actions(episodes.actions, episodes.state, delta_mask)
     norm_stats = _data.compute_norm_stats(train_eps, norm)
     normalizer = Normalizer(norm_stats, norm)
     train_samples = _data.build_samples(train_eps, model_config, tokenizer, normalizer, prompt)
@@ -536,11 +555,17 @@ def train(config: TrainConfig) -> dict:
                     normalizer,
                     model_config.image_keys,
                     config.batch_size,
+                    delta_mask,
                 )
             )
             record["wall_s"] = time.monotonic() - train_started
             save_checkpoint(
-                out_dir, trainer.full_params(), norm_stats, config.assets_id, config.tokenizer_path
+                out_dir,
+                trainer.full_params(),
+                norm_stats,
+                config.assets_id,
+                config.tokenizer_path,
+                delta_mask,
             )
             plot_curves([*records, record], out_dir / "loss_curve.png")
             logger.info("step %d: %s", step, json.dumps(record))

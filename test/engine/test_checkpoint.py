@@ -12,10 +12,13 @@ from flax import nnx
 from openpi.shared import normalize
 
 from oxygen_ros.engine.checkpoint import (
+    ACTION_SPACE_FILE,
     CheckpointError,
     Normalizer,
+    load_delta_action_mask,
     load_norm_stats,
     load_params,
+    save_delta_action_mask,
 )
 from oxygen_ros.engine.config import NormConfig
 from oxygen_ros.engine.engine import Engine
@@ -119,3 +122,40 @@ def test_quantile_normalizer_uses_openpi_formulas() -> None:
     np.testing.assert_array_equal(identity.unnormalize_actions(model_actions), model_actions)
     with pytest.raises(CheckpointError, match="need 'state' and 'actions'"):
         Normalizer({"state": stats["state"]}, NormConfig())
+
+
+def test_delta_action_checkpoint_is_served_as_absolute_targets(
+    tiny_model, pure_params, tmp_path
+) -> None:
+    """A checkpoint with action_space.json: the masked dims come out as state + delta (openpi's
+    AbsoluteActions after Unnormalize); an explicit () serves the same checkpoint absolute."""
+    mask = (True, True, False, True, False, False, True)
+    root = _write_checkpoint(tmp_path / "delta", pure_params, _norm_stats())
+    save_delta_action_mask(root / "assets" / ASSETS_ID, mask)
+    assert load_delta_action_mask(root, ASSETS_ID) == mask
+    served = Engine(make_engine_config(checkpoint_dir=str(root), assets_id=ASSETS_ID))
+    assert served.delta_action_mask == mask
+    as_absolute = Engine(
+        make_engine_config(checkpoint_dir=str(root), assets_id=ASSETS_ID, delta_action_mask=())
+    )
+    assert as_absolute.delta_action_mask == ()
+    observation = make_observation(8)
+    noise = served.make_noise(3)
+    got = served.step(observation, noise=noise).actions.actions
+    raw = as_absolute.step(observation, noise=noise).actions.actions
+    state = np.asarray(observation.state, np.float32)
+    expected = raw + np.where(mask, state[:ROBOT_DIM], 0.0)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    assert np.abs(got - raw)[:, list(mask)].min() > 0  # the state really moved them
+    np.testing.assert_array_equal(got[:, ~np.array(mask)], raw[:, ~np.array(mask)])
+
+
+def test_action_space_file_absent_or_malformed(tmp_path) -> None:
+    (tmp_path / "assets" / "a").mkdir(parents=True)
+    assert load_delta_action_mask(tmp_path, "a") == ()
+    (tmp_path / "assets" / "a" / ACTION_SPACE_FILE).write_text('{"delta_action_mask": [1, 0]}')
+    with pytest.raises(CheckpointError, match="no valid delta_action_mask"):
+        load_delta_action_mask(tmp_path, "a")
+    (tmp_path / "assets" / "a" / ACTION_SPACE_FILE).write_text("not json")
+    with pytest.raises(CheckpointError, match="no valid delta_action_mask"):
+        load_delta_action_mask(tmp_path, "a")

@@ -155,3 +155,52 @@ def test_moved_arm_is_the_arm_whose_joints_move_further() -> None:
         other = robot.ARMS[1 - robot.ARMS.index(arm)]
         chunk[:, robot.arm_slice(other)] += 0.01
         assert train.moved_arm(chunk, state) == arm
+
+
+def test_delta_action_training_is_served_as_absolute_targets(demos_dir, tmp_path) -> None:
+    """--delta-actions: chunks are learnt relative to the state with openpi's DeltaActions
+    (norm stats of the deltas), the mask is written next to the norm stats, and the engine
+    serves state + unnormalised delta on the arm joints (grippers stay absolute)."""
+    out = tmp_path / "delta"
+    config = _config(demos_dir, out, steps=4, eval_every=4, state_dropout=0.0, delta_actions=True)
+    train.train(config)
+    assert json.loads((out / "assets" / "workcell" / "action_space.json").read_text()) == {
+        "delta_action_mask": list(data.DELTA_ACTION_MASK)
+    }
+    path = recorder.list_episodes(demos_dir)[-1]
+    episode = recorder.read_episode(path)
+    model_config = train.engine_config(str(out)).model
+    eps = data.load_episodes([path], model_config)
+    deltas = data.delta_actions(eps.actions, eps.state, data.DELTA_ACTION_MASK)
+    arm = np.array(data.DELTA_ACTION_MASK)
+    np.testing.assert_allclose(
+        deltas[:, :, arm] + eps.state[:, None, arm], eps.actions[:, :, arm], atol=1e-6
+    )
+    np.testing.assert_array_equal(deltas[:, :, ~arm], eps.actions[:, :, ~arm])
+    stats = normalize.load(out / "assets" / "workcell")
+    # The action stats describe deltas: small arm ranges around 0, the grippers' full travel.
+    assert np.abs(stats["actions"].mean[arm]).max() < 0.2
+    engine = Engine(train.engine_config(str(out)))
+    assert engine.delta_action_mask == data.DELTA_ACTION_MASK
+    observation = Observation(
+        images={
+            slot: resize_with_pad(episode.images[cam][4], *model_config.image_resolution)
+            for slot, cam in data.SLOT_CAMERAS.items()
+        },
+        image_masks={slot: True for slot in data.SLOT_CAMERAS},
+        state=episode.qpos[4],
+        prompt=episode.instruction,
+        stamp=0.0,
+    )
+    noise = engine.make_noise(0)
+    served = engine.step(observation, noise=noise).actions.actions
+    relative = Engine(train.engine_config(str(out), delta_action_mask=()))
+    delta = relative.step(observation, noise=noise).actions.actions
+    np.testing.assert_allclose(
+        served, delta + np.where(arm, episode.qpos[4], 0.0), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_delta_actions_refuse_state_dropout(demos_dir, tmp_path) -> None:
+    with pytest.raises(ValueError, match="state dropout"):
+        _config(demos_dir, tmp_path, delta_actions=True, state_dropout=0.3)

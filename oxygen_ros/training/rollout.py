@@ -1,0 +1,313 @@
+"""Closed-loop rollouts of a checkpoint in the workcell without ROS (engine and physics only).
+
+Each episode: the workcell is reset to `tasks.sample_episode(seed)`; then, until success (after
+the tracker's dwell) or the task's time limit, an observation is taken exactly as the perception
+node builds it (three cameras resized to the model resolution, the joint state, optionally the
+tracked cube positions), the engine runs one frame with a subtask request, and the chunk drives
+the arms for `execute_s` of sim time: row k is the target at the observation time + k * dt,
+linear in between (the sim node's command buffer), held after the last row. Nothing waits on a
+wall clock, so a rollout measures the policy alone: what the ROS graph adds (latency, blending,
+rates) is the difference to `benchmarks/closed_loop` on the same seeds.
+
+Measured per episode: success, the furthest stage reached (`tasks.evaluate`'s stage index), the
+spoken subtask against the stage at each observation, and the frames run.
+
+`python -m oxygen_ros.training.rollout --checkpoint DIR --seeds 0:10 [--execute-s 0.5]
+[--noise fresh|episode] [--object-state] [--out results.json]`
+Nothing here imports rclpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from openpi_client import image_tools
+
+from oxygen_ros.engine.config import SchedulerConfig
+from oxygen_ros.engine.engine import Engine
+from oxygen_ros.engine.types import LanguageRequest, Observation, RequestKind
+from oxygen_ros.perception import workcell_cubes
+from oxygen_ros.sim import robot, tasks
+from oxygen_ros.sim.generate_demos import CONTROL_HZ, FPS
+from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
+from oxygen_ros.training import data
+
+logger = logging.getLogger("oxygen_ros.training")
+
+NOISE_MODES = ("fresh", "episode")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """How chunks are executed between observations."""
+
+    execute_s: float = 0.5  # sim seconds of each chunk executed before the next observation
+    action_dt_s: float = 1.0 / FPS  # seconds between chunk rows (the demonstrations' rate)
+    control_hz: float = CONTROL_HZ  # target updates per sim second (the demonstrations' rate)
+    noise: str = "fresh"  # fresh: new action noise per frame; episode: one draw per episode
+    object_state: bool = False  # the cube positions follow the joints in the state
+    speak: bool = True  # a subtask request every frame, scored against the stage
+    resolution: tuple[int, int] = (96, 96)  # model image size (the preset's image_resolution)
+
+    def __post_init__(self) -> None:
+        if self.noise not in NOISE_MODES:
+            raise ValueError(f"noise must be one of {NOISE_MODES}, got {self.noise!r}")
+        if not self.execute_s > 0 or not self.action_dt_s > 0 or not self.control_hz > 0:
+            raise ValueError("execute_s, action_dt_s and control_hz must be > 0")
+
+
+@dataclasses.dataclass
+class EpisodeResult:
+    seed: int
+    instruction: str
+    template: str
+    arm: str
+    success: bool
+    furthest_stage: int  # index into tasks.subtask_labels(spec)
+    num_stages: int
+    min_pinch_distance_m: float  # closest the episode arm's pinch point came to the cube centre
+    frames: int
+    sim_s: float
+    subtask_hits: int  # frames whose spoken subtask equals the stage at the observation
+    subtask_said: int  # frames with a spoken subtask
+    moved_arms: list[str]  # per frame: the arm the chunk moves more (train.moved_arm's rule)
+
+
+def observe(
+    workcell: Workcell,
+    instruction: str,
+    resolution: tuple[int, int],
+    cubes: workcell_cubes.CubeState | None,
+    stamp: float,
+) -> Observation:
+    """What the perception node hands the engine for the workcell's current state."""
+    rendered = {camera: workcell.render(camera) for camera in data.SLOT_CAMERAS.values()}
+    state = workcell.joint_positions().astype(np.float32)
+    if cubes is not None:
+        state = np.concatenate([state, cubes.update(rendered[workcell_cubes.CAMERA])])
+    return Observation(
+        images={
+            slot: np.asarray(image_tools.resize_with_pad(rendered[camera], *resolution))
+            for slot, camera in data.SLOT_CAMERAS.items()
+        },
+        image_masks=dict.fromkeys(data.SLOT_CAMERAS, True),
+        state=state.astype(np.float32),
+        prompt=instruction,
+        stamp=stamp,
+    )
+
+
+def chunk_target(rows: np.ndarray, dt: float, elapsed: float) -> np.ndarray:
+    """The target `elapsed` seconds after row 0: linear between rows, the last row after it."""
+    position = max(elapsed, 0.0) / dt
+    k = min(int(np.floor(position)), len(rows) - 1)
+    if k == len(rows) - 1:
+        return rows[-1]
+    w = position - k
+    return rows[k] + w * (rows[k + 1] - rows[k])
+
+
+class EnginePolicy:
+    """A checkpoint served by the engine (shared_kv, one frame per observation)."""
+
+    def __init__(self, engine: Engine, config: RolloutConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self._seed = 0
+        self._frame = 0
+
+    def reset(self, workcell: Workcell, spec: tasks.EpisodeSpec) -> None:
+        self._seed, self._frame = spec.seed, 0
+
+    def act(self, workcell: Workcell, observation: Observation) -> tuple[np.ndarray, str | None]:
+        """The chunk's joint rows [A, 14] and the spoken subtask (None when not asked)."""
+        index = self._seed * 100_000 + (0 if self.config.noise == "episode" else self._frame)
+        self._frame += 1
+        requests = [LanguageRequest(RequestKind.SUBTASK)] if self.config.speak else []
+        result = self.engine.step(observation, requests, noise=self.engine.make_noise(index))
+        said = next((o.text for o in result.outputs if o.kind is RequestKind.SUBTASK), None)
+        return np.asarray(result.actions.actions, np.float64)[:, : robot.NUM_JOINTS], said
+
+
+class ExpertPolicy:
+    """The scripted expert's plan, cut into chunks like the model's (the harness's positive
+    control: the same execution must succeed with the demonstrations' own targets)."""
+
+    def __init__(self, config: RolloutConfig, horizon: int = 10) -> None:
+        self.config = config
+        self.horizon = horizon
+        self._plan = None
+
+    def reset(self, workcell: Workcell, spec: tasks.EpisodeSpec) -> None:
+        from oxygen_ros.sim.expert import ScriptedExpert
+
+        self._plan = ScriptedExpert(workcell.model).plan_for(workcell, spec)
+
+    def act(self, workcell: Workcell, observation: Observation) -> tuple[np.ndarray, str | None]:
+        rows = self._plan.rows(observation.stamp, self.config.action_dt_s, self.horizon)
+        return rows, self._plan.subtask(observation.stamp)
+
+
+def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) -> EpisodeResult:
+    """One closed-loop episode of `policy` (`reset(workcell, spec)`, `act(workcell,
+    observation) -> (rows [A, 14], subtask text or None)`)."""
+    from oxygen_ros.training.train import moved_arm  # train pulls in the optimiser stack
+
+    spec = tasks.sample_episode(seed)
+    labels = tasks.subtask_labels(spec)
+    workcell.reset(robot.HOME, spec.objects)
+    start = workcell.time
+    policy.reset(workcell, spec)
+    tracker = tasks.SuccessTracker()
+    cubes = workcell_cubes.CubeState() if config.object_state else None
+    ticks_per_frame = max(1, round(config.execute_s * config.control_hz))
+    furthest, frames, hits, said = 0, 0, 0, 0
+    closest = np.inf
+    moved: list[str] = []
+    while workcell.time - start < spec.time_limit_s and not tracker.succeeded:
+        observation = observe(workcell, spec.instruction, config.resolution, cubes, workcell.time)
+        stage = tasks.evaluate(workcell, spec).stage
+        rows, subtask = policy.act(workcell, observation)
+        moved.append(moved_arm(rows, observation.state[: robot.NUM_JOINTS]))
+        if subtask is not None:
+            said += 1
+            hits += subtask == stage
+        frames += 1
+        for tick in range(ticks_per_frame):
+            workcell.set_targets(chunk_target(rows, config.action_dt_s, tick / config.control_hz))
+            workcell.step(1.0 / config.control_hz)
+            evaluation = tasks.evaluate(workcell, spec)
+            furthest = max(furthest, labels.index(evaluation.stage))
+            closest = min(closest, evaluation.pinch_distance_m)
+            if tracker.update(evaluation, workcell.time) or workcell.time - start >= (
+                spec.time_limit_s
+            ):
+                break
+    return EpisodeResult(
+        seed=seed,
+        instruction=spec.instruction,
+        template=spec.template,
+        arm=spec.arm,
+        success=tracker.succeeded,
+        furthest_stage=furthest,
+        num_stages=len(labels),
+        min_pinch_distance_m=float(closest),
+        frames=frames,
+        sim_s=workcell.time - start,
+        subtask_hits=hits,
+        subtask_said=said,
+        moved_arms=moved,
+    )
+
+
+def summarise(episodes: Sequence[EpisodeResult]) -> dict:
+    said = sum(e.subtask_said for e in episodes)
+    return {
+        "episodes": len(episodes),
+        "success_rate": float(np.mean([e.success for e in episodes])) if episodes else 0.0,
+        "subtask_accuracy": sum(e.subtask_hits for e in episodes) / said if said else None,
+        "first_arm_right": float(np.mean([e.moved_arms[0] == e.arm for e in episodes]))
+        if episodes
+        else 0.0,
+        "furthest_stage_mean": float(np.mean([e.furthest_stage for e in episodes]))
+        if episodes
+        else 0.0,
+        "min_pinch_distance_median_m": float(np.median([e.min_pinch_distance_m for e in episodes]))
+        if episodes
+        else 0.0,
+    }
+
+
+def rollouts(
+    checkpoint: str, seeds: Sequence[int], config: RolloutConfig, preset: str | None = None
+) -> tuple[list[EpisodeResult], dict]:
+    """Runs every seed with one policy and one workcell (checkpoint "expert": the scripted
+    expert); returns per-episode results and the summary."""
+    from oxygen_ros.training.train import engine_config
+
+    if checkpoint == "expert":
+        policy = ExpertPolicy(config)
+    else:
+        preset = preset or ("workcell_objects" if config.object_state else "workcell")
+        engine = Engine(
+            engine_config(checkpoint, preset=preset, scheduler=SchedulerConfig(mode="shared_kv"))
+        )
+        config = dataclasses.replace(config, resolution=engine.config.model.image_resolution)
+        policy = EnginePolicy(engine, config)
+    workcell = Workcell(WorkcellConfig())
+    episodes = []
+    try:
+        for seed in seeds:
+            started = time.monotonic()
+            episodes.append(run_episode(policy, workcell, seed, config))
+            e = episodes[-1]
+            print(
+                f"seed {seed:>4} {e.instruction:45} success={e.success!s:5} "
+                f"stage={e.furthest_stage}/{e.num_stages - 1} "
+                f"closest={1000 * e.min_pinch_distance_m:.0f}mm "
+                f"subtask={e.subtask_hits}/{e.subtask_said} "
+                f"first_arm={e.moved_arms[0]} ({e.arm}) {time.monotonic() - started:.0f} s",
+                flush=True,
+            )
+    finally:
+        workcell.close()
+    return episodes, summarise(episodes)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """ "0:10" -> 0..9; "3,5,8" -> those."""
+    if ":" in text:
+        first, stop = (int(v) for v in text.split(":"))
+        return list(range(first, stop))
+    return [int(v) for v in text.split(",") if v]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--checkpoint", required=True, help='a checkpoint dir, or "expert"')
+    parser.add_argument("--seeds", default="0:10", help='"first:stop" or "a,b,c"')
+    parser.add_argument("--execute-s", type=float, default=RolloutConfig.execute_s)
+    parser.add_argument("--noise", choices=NOISE_MODES, default=RolloutConfig.noise)
+    parser.add_argument("--object-state", action="store_true")
+    parser.add_argument("--no-speak", action="store_true")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    config = RolloutConfig(
+        execute_s=args.execute_s,
+        noise=args.noise,
+        object_state=args.object_state,
+        speak=not args.no_speak,
+    )
+    episodes, summary = rollouts(args.checkpoint, parse_seeds(args.seeds), config)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(
+            json.dumps(
+                {
+                    "checkpoint": args.checkpoint,
+                    "config": dataclasses.asdict(config),
+                    "summary": summary,
+                    "episodes": [dataclasses.asdict(e) for e in episodes],
+                },
+                indent=1,
+            )
+        )
+    print(
+        "rollout success={success_rate:.2f} subtask={subtask_accuracy} "
+        "first_arm={first_arm_right:.2f} furthest_stage={furthest_stage_mean:.2f} "
+        "episodes={episodes}".format(**summary)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
