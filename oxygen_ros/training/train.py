@@ -323,6 +323,49 @@ def split_episodes(paths: Sequence[pathlib.Path], heldout: int) -> tuple[list, l
     return ordered[: len(ordered) - heldout], ordered[len(ordered) - heldout :]
 
 
+@dataclasses.dataclass
+class _HeldOutBatch:
+    """One evaluated batch of held-out samples."""
+
+    index: np.ndarray  # sample indices of the rows
+    rows: dict  # the host rows (`Samples.take`)
+    losses: _loss.Losses  # teacher-forced losses of the rows
+    predicted: np.ndarray  # denoised chunks [B, A, robot_dim], robot units (as trained: deltas
+    #   with delta actions), from fixed noise
+    exact: dict[int, np.ndarray]  # language segment -> bool [B]: the whole target right
+
+
+def _held_out_batches(
+    trainer: Trainer,
+    samples: _data.Samples,
+    index: np.ndarray,
+    normalizer: Normalizer,
+    robot_dim: int,
+    image_keys: Sequence[str],
+    batch_size: int,
+    noise_seed: int,
+):
+    """Runs losses and denoising (the engine's prefill + denoise) on `index` batch by batch."""
+    noise_key = jax.random.key(noise_seed)
+    for start in range(0, len(index), batch_size):
+        chosen = index[start : start + batch_size]
+        rows = samples.take(chosen)
+        batch = to_batch(rows, image_keys)
+        losses = trainer.eval_losses(jax.random.key(start), batch)
+        wrong = rows["lang_loss_mask"] & ~np.asarray(losses.token_correct)
+        exact = {
+            seg: ~(wrong & (rows["lang_segment"] == seg)).any(axis=1)
+            for seg in range(len(_data.LANGUAGE_KINDS))
+        }
+        noise = jax.random.normal(
+            jax.random.fold_in(noise_key, start), np.shape(rows["actions"]), jnp.float32
+        )
+        predicted = normalizer.unnormalize_actions(
+            np.asarray(trainer.actions(batch, noise))[..., :robot_dim]
+        )
+        yield _HeldOutBatch(chosen, rows, losses, predicted, exact)
+
+
 def evaluate(
     trainer: Trainer,
     samples: _data.Samples,
@@ -333,31 +376,21 @@ def evaluate(
     batch_size: int,
 ) -> dict[str, float]:
     """Held-out metrics: action loss, per-kind exact match, denoised action error (rad)."""
-    action, correct, needed, errors = [], [], [], []
-    noise_key = jax.random.key(12345)
-    for start in range(0, len(index), batch_size):
-        rows = samples.take(index[start : start + batch_size])
-        batch = to_batch(rows, image_keys)
-        losses = trainer.eval_losses(jax.random.key(start), batch)
-        action.append(np.asarray(losses.action).mean(axis=-1))
-        for seg in range(len(_data.LANGUAGE_KINDS)):
-            in_seg = rows["lang_loss_mask"] & (rows["lang_segment"] == seg)
-            wrong = in_seg & ~np.asarray(losses.token_correct)
-            correct.append((seg, ~wrong.any(axis=1)))
-            needed.append(seg)
-        noise = jax.random.normal(
-            jax.random.fold_in(noise_key, start), np.shape(rows["actions"]), jnp.float32
-        )
-        predicted = np.asarray(trainer.actions(batch, noise))
-        got = normalizer.unnormalize_actions(predicted[..., :robot_dim])
-        want = normalizer.unnormalize_actions(np.asarray(rows["actions"])[..., :robot_dim])
-        errors.append(np.abs(got - want).mean(axis=(1, 2)))
-    out = {"val_action_loss": float(np.concatenate(action).mean())}
+    action, errors = [], []
+    exact: dict[int, list[np.ndarray]] = {seg: [] for seg in range(len(_data.LANGUAGE_KINDS))}
+    for out in _held_out_batches(
+        trainer, samples, index, normalizer, robot_dim, image_keys, batch_size, 12345
+    ):
+        action.append(np.asarray(out.losses.action).mean(axis=-1))
+        for seg, hits in out.exact.items():
+            exact[seg].append(hits)
+        want = normalizer.unnormalize_actions(np.asarray(out.rows["actions"])[..., :robot_dim])
+        errors.append(np.abs(out.predicted - want).mean(axis=(1, 2)))
+    result = {"val_action_loss": float(np.concatenate(action).mean())}
     for seg, kind in enumerate(_data.LANGUAGE_KINDS):
-        hits = np.concatenate([c for s, c in correct if s == seg])
-        out[f"val_{kind.value}_exact"] = float(hits.mean())
-    out["val_action_mae_rad"] = float(np.concatenate(errors).mean())
-    return out
+        result[f"val_{kind.value}_exact"] = float(np.concatenate(exact[seg]).mean())
+    result["val_action_mae_rad"] = float(np.concatenate(errors).mean())
+    return result
 
 
 def moved_arm(chunk: np.ndarray, state: np.ndarray) -> str:
@@ -384,36 +417,26 @@ def evaluate_first_frames(
     index = np.flatnonzero(samples.step == 0)
     robot_dim = episodes.actions.shape[-1]
     hits, narration, named = [], [], []
-    noise_key = jax.random.key(54321)
     narration_seg = _data.LANGUAGE_KINDS.index(RequestKind.NARRATION)
-    for start in range(0, len(index), batch_size):
-        chosen = index[start : start + batch_size]
-        rows = samples.take(chosen)
-        batch = to_batch(rows, image_keys)
-        noise = jax.random.normal(
-            jax.random.fold_in(noise_key, start), np.shape(rows["actions"]), jnp.float32
-        )
-        predicted = normalizer.unnormalize_actions(
-            np.asarray(trainer.actions(batch, noise))[..., :robot_dim]
-        )
-        losses = trainer.eval_losses(jax.random.key(start), batch)
-        in_seg = rows["lang_loss_mask"] & (rows["lang_segment"] == narration_seg)
-        narration.append(~(in_seg & ~np.asarray(losses.token_correct)).any(axis=1))
-        for row, i in enumerate(chosen):
+    for out in _held_out_batches(
+        trainer, samples, index, normalizer, robot_dim, image_keys, batch_size, 54321
+    ):
+        narration.append(out.exact[narration_seg])
+        for row, i in enumerate(out.index):
             spec = episodes.specs[int(samples.episode[i])]
-            chunk = Normalizer.absolute_actions(predicted[row], episodes.state[i], delta_mask)
+            chunk = Normalizer.absolute_actions(out.predicted[row], episodes.state[i], delta_mask)
             hits.append(moved_arm(chunk, episodes.state[i]) == spec.arm)
             named.append(spec.template == "pick_with_arm")
     hits_, named_ = np.array(hits), np.array(named)
-    out = {
+    result = {
         "val_first_arm": float(hits_.mean()),
         "val_first_narration_exact": float(np.concatenate(narration).mean()),
     }
     if (~named_).any():
-        out["val_first_arm_from_images"] = float(hits_[~named_].mean())
+        result["val_first_arm_from_images"] = float(hits_[~named_].mean())
     if named_.any():
-        out["val_first_arm_named"] = float(hits_[named_].mean())
-    return out
+        result["val_first_arm_named"] = float(hits_[named_].mean())
+    return result
 
 
 def plot_curves(records: list[dict], path: pathlib.Path) -> None:
