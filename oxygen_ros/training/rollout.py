@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,8 +37,6 @@ from oxygen_ros.sim import robot, tasks
 from oxygen_ros.sim.generate_demos import CONTROL_HZ, FPS
 from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
 from oxygen_ros.training import data
-
-logger = logging.getLogger("oxygen_ros.training")
 
 NOISE_MODES = ("fresh", "episode")
 
@@ -279,7 +276,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-speak", action="store_true")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     config = RolloutConfig(
         execute_s=args.execute_s,
         noise=args.noise,

@@ -634,7 +634,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.add_argument(flag, type=kind, default=field.default)
     args = vars(parser.parse_args(argv))
     config = TrainConfig(data_dir=args.pop("data"), out_dir=args.pop("out"), **args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # force: an import (absl, via orbax) has already put a WARNING-level handler on the root
+    # logger, which would make basicConfig a no-op and hide the data and evaluation lines.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True)
     final = train(config)
     print(
         "trained steps={step} val_action_loss={val_action_loss:.4f} "
