@@ -162,32 +162,43 @@ def load_episodes(
     )
 
 
-def first_frame(
+def observe(
     workcell: Workcell,
-    spec: tasks.EpisodeSpec,
+    instruction: str,
     resolution: tuple[int, int],
-    object_state: bool = False,
+    cubes: workcell_cubes.CubeState | None = None,
+    stamp: float = 0.0,
 ) -> Observation:
-    """What perception hands the engine right after a reset to `spec` (robot at home): the
-    three cameras resized to `resolution` as the perception node does, the joint state (then,
-    with `object_state`, the cubes the detector finds in the full-size top image), the
-    instruction."""
-    workcell.reset(robot.HOME, spec.objects)
+    """What the perception node hands the engine for the workcell's current state: the three
+    cameras resized to `resolution` as the perception node does, the joint state (then, with a
+    `cubes` tracker, the cubes it finds in the full-size top image), the instruction."""
     rendered = {camera: workcell.render(camera) for camera in SLOT_CAMERAS.values()}
     state = workcell.joint_positions().astype(np.float32)
-    if object_state:
-        top = rendered[workcell_cubes.CAMERA][None]
-        state = np.concatenate([state, workcell_cubes.episode_cube_states(top)[0]])
+    if cubes is not None:
+        state = np.concatenate([state, cubes.update(rendered[workcell_cubes.CAMERA])])
     return Observation(
         images={
             slot: np.asarray(image_tools.resize_with_pad(rendered[camera], *resolution))
             for slot, camera in SLOT_CAMERAS.items()
         },
         image_masks=dict.fromkeys(SLOT_CAMERAS, True),
-        state=state,
-        prompt=spec.instruction,
-        stamp=0.0,
+        state=state.astype(np.float32),
+        prompt=instruction,
+        stamp=stamp,
     )
+
+
+def first_frame(
+    workcell: Workcell,
+    spec: tasks.EpisodeSpec,
+    resolution: tuple[int, int],
+    object_state: bool = False,
+) -> Observation:
+    """`observe` right after a reset to `spec` (robot at home; with `object_state`, a fresh
+    cube tracker), stamped 0."""
+    workcell.reset(robot.HOME, spec.objects)
+    cubes = workcell_cubes.CubeState() if object_state else None
+    return observe(workcell, spec.instruction, resolution, cubes)
 
 
 def delta_actions(actions: np.ndarray, state: np.ndarray, mask: tuple[bool, ...]) -> np.ndarray:

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from openpi_client import image_tools
 
 from oxygen_ros.engine.config import SchedulerConfig
 from oxygen_ros.engine.engine import Engine
@@ -75,30 +74,6 @@ class EpisodeResult:
     subtask_hits: int  # frames whose spoken subtask equals the stage at the observation
     subtask_said: int  # frames with a spoken subtask
     moved_arms: list[str]  # per frame: the arm the chunk moves more (train.moved_arm's rule)
-
-
-def observe(
-    workcell: Workcell,
-    instruction: str,
-    resolution: tuple[int, int],
-    cubes: workcell_cubes.CubeState | None,
-    stamp: float,
-) -> Observation:
-    """What the perception node hands the engine for the workcell's current state."""
-    rendered = {camera: workcell.render(camera) for camera in data.SLOT_CAMERAS.values()}
-    state = workcell.joint_positions().astype(np.float32)
-    if cubes is not None:
-        state = np.concatenate([state, cubes.update(rendered[workcell_cubes.CAMERA])])
-    return Observation(
-        images={
-            slot: np.asarray(image_tools.resize_with_pad(rendered[camera], *resolution))
-            for slot, camera in data.SLOT_CAMERAS.items()
-        },
-        image_masks=dict.fromkeys(data.SLOT_CAMERAS, True),
-        state=state.astype(np.float32),
-        prompt=instruction,
-        stamp=stamp,
-    )
 
 
 def chunk_target(rows: np.ndarray, dt: float, elapsed: float) -> np.ndarray:
@@ -168,9 +143,12 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
     furthest, frames, hits, said = 0, 0, 0, 0
     closest = np.inf
     moved: list[str] = []
+    evaluation = tasks.evaluate(workcell, spec)  # of the state each observation is taken in
     while workcell.time - start < spec.time_limit_s and not tracker.succeeded:
-        observation = observe(workcell, spec.instruction, config.resolution, cubes, workcell.time)
-        stage = tasks.evaluate(workcell, spec).stage
+        observation = data.observe(
+            workcell, spec.instruction, config.resolution, cubes, workcell.time
+        )
+        stage = evaluation.stage
         rows, subtask = policy.act(workcell, observation)
         moved.append(moved_arm(rows, observation.state[: robot.NUM_JOINTS]))
         if subtask is not None:

@@ -9,7 +9,7 @@ import pytest
 
 from oxygen_ros.sim import robot
 from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
-from oxygen_ros.training import rollout
+from oxygen_ros.training import data, rollout
 
 
 def test_chunk_target_interpolates_rows_then_holds_the_last():
@@ -79,7 +79,7 @@ def test_the_object_state_follows_the_joints(workcell):
 
     spec = tasks.sample_episode(3)
     workcell.reset(robot.HOME, spec.objects)
-    observation = rollout.observe(workcell, spec.instruction, (96, 96), cubes, workcell.time)
+    observation = data.observe(workcell, spec.instruction, (96, 96), cubes, workcell.time)
     assert observation.state.shape == (robot.NUM_JOINTS + 6,)
     assert observation.images["base_0_rgb"].shape == (96, 96, 3)
     found = observation.state[robot.NUM_JOINTS :].reshape(3, 2)

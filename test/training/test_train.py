@@ -41,6 +41,20 @@ def _config(demos_dir, out_dir, **overrides) -> train.TrainConfig:
     return train.TrainConfig(**fields)
 
 
+def _recorded_observation(episode, step: int, resolution) -> Observation:
+    """Step `step` of a recorded episode as the perception node would hand it to the engine."""
+    return Observation(
+        images={
+            slot: resize_with_pad(episode.images[cam][step], *resolution)
+            for slot, cam in data.SLOT_CAMERAS.items()
+        },
+        image_masks={slot: True for slot in data.SLOT_CAMERAS},
+        state=episode.qpos[step],
+        prompt=episode.instruction,
+        stamp=0.0,
+    )
+
+
 @pytest.fixture(scope="module")
 def trained(demos_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
@@ -79,16 +93,7 @@ def test_checkpoint_is_served_by_the_engine_unchanged(trained, demos_dir) -> Non
     own = out / "assets" / "workcell" / "tokenizer.model"
     assert resolve_tokenizer_path(engine.config) == own
     assert own.read_bytes() == BUNDLED_TOKENIZER_PATH.read_bytes()
-    observation = Observation(
-        images={
-            slot: resize_with_pad(episode.images[cam][4], *config.image_resolution)
-            for slot, cam in data.SLOT_CAMERAS.items()
-        },
-        image_masks={slot: True for slot in data.SLOT_CAMERAS},
-        state=episode.qpos[4],
-        prompt=episode.instruction,
-        stamp=0.0,
-    )
+    observation = _recorded_observation(episode, 4, config.image_resolution)
     noise = engine.make_noise(0)
     served = engine.step(observation, noise=noise).actions.actions
     assert served.shape == (config.action_horizon, 14)
@@ -182,16 +187,7 @@ def test_delta_action_training_is_served_as_absolute_targets(demos_dir, tmp_path
     assert np.abs(stats["actions"].mean[arm]).max() < 0.2
     engine = Engine(train.engine_config(str(out)))
     assert engine.delta_action_mask == data.DELTA_ACTION_MASK
-    observation = Observation(
-        images={
-            slot: resize_with_pad(episode.images[cam][4], *model_config.image_resolution)
-            for slot, cam in data.SLOT_CAMERAS.items()
-        },
-        image_masks={slot: True for slot in data.SLOT_CAMERAS},
-        state=episode.qpos[4],
-        prompt=episode.instruction,
-        stamp=0.0,
-    )
+    observation = _recorded_observation(episode, 4, model_config.image_resolution)
     noise = engine.make_noise(0)
     served = engine.step(observation, noise=noise).actions.actions
     relative = Engine(train.engine_config(str(out), delta_action_mask=()))
