@@ -30,6 +30,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from oxygen_ros.engine import prompts
 from oxygen_ros.engine.config import get_engine_config, get_model_config
 from oxygen_ros.engine.engine import Engine
+from oxygen_ros.engine.kv_cache import write_tail_rows
 from oxygen_ros.engine.model import abstract_model, param_count
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH
 from oxygen_ros.engine.types import LanguageRequest, Observation, RequestKind
@@ -84,8 +85,8 @@ def measure(preset: str, runs: int) -> dict[str, object]:
     def decode_once() -> object:
         if "k" not in state:
             state["k"], state["v"] = model.empty_gen_cache(cache.num_slots, cache.max_seq_len)
-            state["k"], state["v"] = model.write_tail(
-                state["k"], state["v"], np.arange(cache.num_slots), tail_k, tail_v
+            state["k"], state["v"] = write_tail_rows(
+                state["k"], state["v"], tail_k, tail_v, np.arange(cache.num_slots)
             )
         logits, state["k"], state["v"] = model.decode_step(
             prefix, rows, state["k"], state["v"], gen_len, tokens, active

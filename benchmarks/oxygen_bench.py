@@ -99,6 +99,7 @@ import psutil  # noqa: E402
 from oxygen_ros.engine import compiles, prompts  # noqa: E402
 from oxygen_ros.engine.config import ModelConfig, get_engine_config, get_model_config  # noqa: E402
 from oxygen_ros.engine.engine import Engine  # noqa: E402
+from oxygen_ros.engine.kv_cache import write_tail_rows  # noqa: E402
 from oxygen_ros.engine.model import Pi05Model, create_model  # noqa: E402
 from oxygen_ros.engine.model_fns import Prefix  # noqa: E402
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH  # noqa: E402
@@ -275,8 +276,8 @@ def measure_components(engine: Engine, seed: int, runs: int) -> dict[str, object
     seeds = np.zeros((slots,), np.int32)
     state: dict[str, object] = {}
     state["k"], state["v"] = model.empty_gen_cache(slots, cache.max_seq_len)
-    state["k"], state["v"] = model.write_tail(
-        state["k"], state["v"], np.arange(slots, dtype=np.int32), tail_k, tail_v
+    state["k"], state["v"] = write_tail_rows(
+        state["k"], state["v"], tail_k, tail_v, np.arange(slots, dtype=np.int32)
     )
 
     def extend_once() -> object:  # the admission's device work: extend + first ids

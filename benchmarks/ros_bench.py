@@ -1,20 +1,30 @@
 """ROS-level benchmark of the humanoid graph (sim sensors -> perception -> inference).
 
 Measures, with real node processes over DDS on this machine:
-- `/oxygen/actions` publish rate and period jitter, without and with language load
-  (narration every 1 s, memory every 2 s, instructions starting subtask requests);
-- observation -> first action chunk latency: for each new chunk, the DDS source time of its
-  first publish minus its observation stamp (sensor stamp, through perception and the engine);
+- `/oxygen/actions` tick rate and period jitter (messages with `trigger == TRIGGER_TICK` only),
+  without and with language load (narration every 1 s, memory every 2 s, instructions
+  starting subtask requests);
+- observation -> first action latency: for each new chunk, the DDS source time of its
+  new-chunk publish (`TRIGGER_NEW_CHUNK`, sent the moment the engine hands the chunk over)
+  minus its observation stamp (sensor stamp, through perception and the engine);
+- from the inference node's /diagnostics in the same run, over the same span (the bench sets
+  `stats_window_s` to the span of each phase before reading): the engine's action path per
+  frame (`FrameTimings.action_s`: input preparation + prefill + denoise + transforms) and
+  prefill + denoise alone, p50/p99; observation -> hand-off as the node saw it; future
+  coverage of the published rows; new chunks per second; and, between the phase's first
+  diagnostics message and one after it, ticks skipped and ticks starved;
 - first speech token latency after an instruction (instruction published -> first SpeechToken
   of the subtask request it started, as received here).
 
-Period jitter is |period - 1/rate| between consecutive messages: "publish" from the DDS source
+Period jitter is |period - 1/rate| between consecutive ticks: "publish" from the DDS source
 timestamps (what the node controls), "arrival" from the DDS receive timestamps in this process
-(what a consumer sees; it includes this process's own scheduling delays).
+(what a consumer sees; it includes this process's own scheduling delays). A skipped tick shows
+as one period of jitter.
 
 Writes JSON (default benchmarks/results/) and prints a table; the last line is
-`action_rate_hz=<x> jitter_p99_ms=<y> obs_to_action_p99_ms=<z>` (publish rate, publish period
-jitter p99, observation -> first action p99) for the language-load phase.
+`action_rate_hz=<x> jitter_p99_ms=<y> obs_to_action_p99_ms=<z> engine_action_p99_ms=<w>`
+(tick rate, tick period jitter p99, observation -> new-chunk publish p99, the engine's action
+path p99) for the language-load phase.
 
 Usage: `python benchmarks/ros_bench.py [--quick] [--preset tiny] [--out FILE]`
 (`benchmarks/ros_quick` sets everything up and runs the quick mode, under 60 s once set up).
@@ -73,6 +83,7 @@ class Bench:
 
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
         import rclpy
+        from diagnostic_msgs.msg import DiagnosticArray
         from rclpy.executors import SingleThreadedExecutor
         from std_msgs.msg import String
 
@@ -83,8 +94,12 @@ class Bench:
         self.args = args
         self.workdir = workdir
         self.lock = threading.Lock()
-        self.actions: list[tuple[float, float, float, int]] = []  # recv, sent, obs stamp, id
+        # (receive time, DDS source time, observation stamp, chunk id, trigger) per message.
+        self.actions: list[tuple[float, float, float, int, int]] = []
         self.speech: list[tuple[float, object]] = []
+        self.diagnostics: list[tuple[float, dict[str, str]]] = []  # the inference node's
+        self.new_chunk = ActionChunk.TRIGGER_NEW_CHUNK
+        self.tick = ActionChunk.TRIGGER_TICK
         overrides = {"model_preset": args.preset}
         if args.checkpoint_dir:
             overrides["checkpoint_dir"] = args.checkpoint_dir
@@ -97,6 +112,8 @@ class Bench:
                 "inference:narration_period_s:=0.0",
                 "-p",
                 "inference:memory_period_s:=0.0",
+                "-p",  # its windows are read within a quarter second of a phase's end
+                "inference:diagnostics_period_s:=0.25",
             ]
         }
         self.procs: list[tuple[str, subprocess.Popen, Path]] = []
@@ -124,6 +141,7 @@ class Bench:
         self.node = rclpy.create_node("oxygen_ros_bench", context=self.context)
         self.node.create_subscription(ActionChunk, "oxygen/actions", self._on_action, RELIABLE_QOS)
         self.node.create_subscription(SpeechToken, "oxygen/speech", self._on_speech, SPEECH_QOS)
+        self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, 10)
         self.instruction_pub = self.node.create_publisher(
             String, "oxygen/instruction", LATCHED_QOS
         )
@@ -151,12 +169,21 @@ class Bench:
                     info["source_timestamp"] * 1e-9,
                     stamp,
                     msg.chunk_id,
+                    msg.trigger,
                 )
             )
 
     def _on_speech(self, msg) -> None:
         with self.lock:
             self.speech.append((self.now(), msg))
+
+    def _on_diagnostics(self, msg) -> None:
+        from oxygen_ros.nodes.conversions import diagnostic_values
+
+        for status in msg.status:
+            if status.name.endswith(": inference"):
+                with self.lock:
+                    self.diagnostics.append((self.now(), diagnostic_values(status)))
 
     def wait(self, predicate, timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
@@ -183,6 +210,30 @@ class Bench:
             if not result.successful:
                 raise RuntimeError(f"set_parameters refused: {result.reason}")
 
+    def diagnostics_after(self, t: float, window_s: float | None = None) -> dict[str, str]:
+        """The first inference status received after time `t` (with `stats_window_s` ==
+        `window_s` when given); waits for it."""
+
+        def matches(values: dict[str, str]) -> bool:
+            if window_s is None:
+                return True
+            return abs(float(values.get("stats_window_s", "nan")) - window_s) < 1e-3
+
+        def first() -> dict[str, str] | None:
+            with self.lock:
+                return next((dict(v) for r, v in self.diagnostics if r > t and matches(v)), None)
+
+        self.wait(lambda: first() is not None, 30, "inference diagnostics")
+        return first()
+
+    def node_window(self, start: float) -> dict[str, str]:
+        """The inference node's diagnostics over [start, now]: sets its `stats_window_s` to
+        that span, then takes the first status published with it."""
+        window = round(self.now() - start, 3)  # diagnostics print 6 significant digits
+        asked = self.now()
+        self.set_params(stats_window_s=window)
+        return self.diagnostics_after(asked, window)
+
     def measure_actions(self, seconds: float) -> dict:
         start = self.now()
         self.wait(
@@ -192,18 +243,28 @@ class Bench:
         )
         with self.lock:
             window = [a for a in self.actions if a[0] >= start]
-        recv = np.array([a[0] for a in window])
-        sent = np.array([a[1] for a in window])
+        # Counters: from the first status of the phase to one after it.
+        before = self.diagnostics_after(start)
+        node = self.node_window(start)
+        ticks = [a for a in window if a[4] == self.tick]
+        recv = np.array([a[0] for a in ticks])
+        sent = np.array([a[1] for a in ticks])
         nominal = 1.0 / ACTION_RATE_HZ
         publish_jitter_ms = np.abs(np.diff(sent) - nominal) * 1e3
         arrival_jitter_ms = np.abs(np.diff(recv) - nominal) * 1e3
-        first_publish: dict[int, tuple[float, float]] = {}
-        for _, published, obs_stamp, chunk_id in window:
-            first_publish.setdefault(chunk_id, (published, obs_stamp))
-        obs_to_action_ms = [(p - o) * 1e3 for p, o in first_publish.values()]
+        # The first message of each chunk is its new-chunk publish.
+        obs_to_action_ms = [(p - o) * 1e3 for _, p, o, _, trig in window if trig == self.new_chunk]
+
+        def node_value(key: str) -> float:
+            return float(node.get(key, "nan"))
+
+        def node_delta(key: str) -> float:
+            return float(node.get(key, 0)) - float(before.get(key, 0))
+
         return {
             "seconds": float(sent[-1] - sent[0]),
             "messages": len(window),
+            "ticks": len(ticks),
             "action_rate_hz": float((len(sent) - 1) / (sent[-1] - sent[0])),
             "jitter_p50_ms": percentile(publish_jitter_ms, 50),
             "jitter_p99_ms": percentile(publish_jitter_ms, 99),
@@ -211,9 +272,23 @@ class Bench:
             "arrival_rate_hz": float((len(recv) - 1) / (recv[-1] - recv[0])),
             "arrival_jitter_p99_ms": percentile(arrival_jitter_ms, 99),
             "arrival_jitter_max_ms": float(arrival_jitter_ms.max()),
-            "chunks": len(first_publish),
+            "chunks": len(obs_to_action_ms),
             "obs_to_action_p50_ms": percentile(obs_to_action_ms, 50),
             "obs_to_action_p99_ms": percentile(obs_to_action_ms, 99),
+            # From the inference node's diagnostics over the same span.
+            "engine_frames": int(node_value("frame.count_in_window")),
+            "engine_action_p50_ms": node_value("frame.action_path_p50_ms"),
+            "engine_action_p99_ms": node_value("frame.action_path_p99_ms"),
+            "engine_prefill_denoise_p50_ms": node_value("frame.prefill_denoise_p50_ms"),
+            "engine_prefill_denoise_p99_ms": node_value("frame.prefill_denoise_p99_ms"),
+            "node_obs_to_handoff_p50_ms": node_value("frame.obs_to_handoff_p50_ms"),
+            "node_obs_to_handoff_p99_ms": node_value("frame.obs_to_handoff_p99_ms"),
+            "handoff_to_publish_p99_ms": node_value("actions.handoff_to_publish_p99_ms"),
+            "chunk_rate_hz": node_value("actions.chunk_rate_hz"),
+            "coverage_p50_s": node_value("actions.coverage_p50_s"),
+            "coverage_min_s": node_value("actions.coverage_min_s"),
+            "ticks_skipped": node_delta("action_ticks_skipped"),
+            "ticks_empty": sum(node_delta(k) for k in node if k.startswith("action_ticks_empty.")),
         }
 
     def measure_speech_latency(self, count: int, gap_s: float) -> list[float]:
@@ -322,17 +397,30 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(result: dict, out: Path) -> None:
     rows = [
-        ("publish rate [Hz]", "action_rate_hz", "{:.2f}"),
-        ("publish period jitter p50 [ms]", "jitter_p50_ms", "{:.2f}"),
-        ("publish period jitter p99 [ms]", "jitter_p99_ms", "{:.2f}"),
-        ("publish period jitter max [ms]", "jitter_max_ms", "{:.2f}"),
-        ("arrival rate [Hz]", "arrival_rate_hz", "{:.2f}"),
-        ("arrival period jitter p99 [ms]", "arrival_jitter_p99_ms", "{:.2f}"),
-        ("arrival period jitter max [ms]", "arrival_jitter_max_ms", "{:.2f}"),
+        ("tick rate [Hz]", "action_rate_hz", "{:.2f}"),
+        ("tick period jitter p50 [ms]", "jitter_p50_ms", "{:.2f}"),
+        ("tick period jitter p99 [ms]", "jitter_p99_ms", "{:.2f}"),
+        ("tick period jitter max [ms]", "jitter_max_ms", "{:.2f}"),
+        ("tick arrival rate [Hz]", "arrival_rate_hz", "{:.2f}"),
+        ("tick arrival jitter p99 [ms]", "arrival_jitter_p99_ms", "{:.2f}"),
+        ("tick arrival jitter max [ms]", "arrival_jitter_max_ms", "{:.2f}"),
+        ("ticks skipped (late)", "ticks_skipped", "{:.0f}"),
+        ("ticks empty (starved)", "ticks_empty", "{:.0f}"),
         ("obs -> first action p50 [ms]", "obs_to_action_p50_ms", "{:.1f}"),
         ("obs -> first action p99 [ms]", "obs_to_action_p99_ms", "{:.1f}"),
+        ("node obs -> hand-off p50 [ms]", "node_obs_to_handoff_p50_ms", "{:.1f}"),
+        ("node obs -> hand-off p99 [ms]", "node_obs_to_handoff_p99_ms", "{:.1f}"),
+        ("hand-off -> publish p99 [ms]", "handoff_to_publish_p99_ms", "{:.2f}"),
+        ("engine action path p50 [ms]", "engine_action_p50_ms", "{:.1f}"),
+        ("engine action path p99 [ms]", "engine_action_p99_ms", "{:.1f}"),
+        ("engine prefill+denoise p50 [ms]", "engine_prefill_denoise_p50_ms", "{:.1f}"),
+        ("engine prefill+denoise p99 [ms]", "engine_prefill_denoise_p99_ms", "{:.1f}"),
+        ("engine frames", "engine_frames", "{}"),
+        ("new chunks / s", "chunk_rate_hz", "{:.2f}"),
+        ("coverage p50 [s]", "coverage_p50_s", "{:.2f}"),
+        ("coverage min [s]", "coverage_min_s", "{:.2f}"),
         ("chunks", "chunks", "{}"),
-        ("messages", "messages", "{}"),
+        ("messages (ticks + new chunks)", "messages", "{}"),
     ]
     idle, loaded = result["no_language"], result["language_load"]
     print(
@@ -340,20 +428,21 @@ def print_table(result: dict, out: Path) -> None:
         f"{result['machine']['cpus']} CPUs, load average {result['machine']['load_avg_1m']:.1f})"
         f", startup {result['startup_s']:.1f} s"
     )
-    print(f"{'metric':<32} {'no language':>12} {'language load':>14}")
+    print(f"{'metric':<34} {'no language':>12} {'language load':>14}")
     for label, key, fmt in rows:
-        print(f"{label:<32} {fmt.format(idle[key]):>12} {fmt.format(loaded[key]):>14}")
+        print(f"{label:<34} {fmt.format(idle[key]):>12} {fmt.format(loaded[key]):>14}")
     speech = result["first_speech_token_ms"]
     print(
-        f"{'first speech token [ms]':<32} {'':>12} "
+        f"{'first speech token [ms]':<34} {'':>12} "
         f"{'p50 {:.0f}, max {:.0f}'.format(speech['p50'], speech['max']):>14}"
     )
-    print(f"{'speech requests finished':<32} {'':>12} {loaded['speech_requests_finished']:>14}")
+    print(f"{'speech requests finished':<34} {'':>12} {loaded['speech_requests_finished']:>14}")
     print(f"json: {out}")
     print(
         f"action_rate_hz={loaded['action_rate_hz']:.2f} "
         f"jitter_p99_ms={loaded['jitter_p99_ms']:.2f} "
-        f"obs_to_action_p99_ms={loaded['obs_to_action_p99_ms']:.1f}"
+        f"obs_to_action_p99_ms={loaded['obs_to_action_p99_ms']:.1f} "
+        f"engine_action_p99_ms={loaded['engine_action_p99_ms']:.1f}"
     )
 
 

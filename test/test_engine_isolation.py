@@ -2,7 +2,9 @@
 oxygen_ros/perception or oxygen_ros/training imports rclpy, rosidl or any message/service
 module, statically (AST) or at run time (after importing everything). The engine imports
 nothing else of the project, the simulation nothing but itself, perception only the simulation
-(the workcell camera's calibration), training only the engine, the simulation and perception."""
+(the workcell camera's calibration), training only the engine, the simulation and perception.
+Inside the engine, layers point down: the model functions (`model_fns`) never import the
+language cache (`kv_cache`); the runner and the reference decoder join the two."""
 
 import ast
 import subprocess
@@ -90,6 +92,48 @@ def test_forbidden_detector_catches_rclpy(tmp_path: Path) -> None:
         "oxygen_ros.msg",
         "oxygen_ros.msg.X",
     ]
+
+
+def _engine_imports(path: Path) -> set[str]:
+    """Engine modules the file imports by absolute name (`oxygen_ros.engine.X[...]`,
+    `from oxygen_ros.engine import X`) or relatively (`from .X import ...`, `from . import X`)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 1:
+            base = f"oxygen_ros.engine.{node.module}" if node.module else "oxygen_ros.engine"
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[:2] == ["oxygen_ros", "engine"] and len(parts) > 2:
+                found.add(parts[2])
+    return found
+
+
+def test_model_fns_does_not_import_kv_cache() -> None:
+    imported = _engine_imports(PACKAGE_ROOT / "engine" / "model_fns.py")
+    assert {"config", "model"} <= imported  # positive control: its real imports are seen
+    assert "kv_cache" not in imported, "model_fns must not know the language cache"
+
+
+def test_engine_import_detector_sees_every_import_form(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import os\n"
+        "import oxygen_ros.engine.a\n"
+        "from oxygen_ros.engine.b import X\n"
+        "from oxygen_ros.engine import c\n"
+        "from .d import Y\n"
+        "from . import e\n"
+        "from oxygen_ros.sim import f\n"
+        "def g():\n    from oxygen_ros.engine.h import Z\n"
+    )
+    assert _engine_imports(sample) == {"a", "b", "c", "d", "e", "h"}
 
 
 @pytest.mark.parametrize("package", ROS_FREE)

@@ -180,11 +180,24 @@ class Normalizer:
         return np.asarray(out, np.float32)
 
     @staticmethod
+    def relative_actions(
+        actions: np.ndarray, state: np.ndarray, delta_mask: tuple[bool, ...]
+    ) -> np.ndarray:
+        """Absolute actions [..., A, J] (robot units) -> delta, with openpi's `DeltaActions`:
+        the raw `state` [..., >= J] is subtracted on the masked dims (a new array; the identity
+        for an empty mask). The inverse of `absolute_actions`."""
+        if not delta_mask:
+            return np.array(actions, np.float32)
+        data = {"state": np.asarray(state, np.float32), "actions": np.array(actions, np.float32)}
+        return np.asarray(_transforms.DeltaActions(delta_mask)(data)["actions"], np.float32)
+
+    @staticmethod
     def absolute_actions(
         actions: np.ndarray, state: np.ndarray, delta_mask: tuple[bool, ...]
     ) -> np.ndarray:
         """Delta actions [A, J] (robot units) -> absolute, with openpi's `AbsoluteActions`: the
-        raw `state` is added on the masked dims (identity for an empty mask)."""
+        raw `state` is added on the masked dims (identity for an empty mask). The inverse of
+        `relative_actions`."""
         if not delta_mask:
             return np.asarray(actions, np.float32)
         data = {"state": np.asarray(state, np.float32), "actions": np.array(actions, np.float32)}

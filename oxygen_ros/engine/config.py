@@ -209,6 +209,29 @@ class SchedulerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class RtcConfig:
+    """Real-time chunking (`rtc.py`; Black, Galliker, Levine 2025): each chunk is denoised to
+    continue the previous one instead of starting from scratch.
+
+    The previous chunk's rows are aligned to the new observation by the stamps (rows are
+    `row_dt_s` apart, row 0 at the observation stamp). The rows that run while the new chunk
+    is being computed -- the measured delay: the largest observation -> hand-off latency of the
+    last `delay_window` frames, in rows, rounded up -- are frozen to the previous chunk, the
+    rest of the overlap is guided with decaying weights, the guidance weight capped at
+    `max_guidance` (the paper's beta). The delay is measured, never configured.
+    """
+
+    enabled: bool = False
+    row_dt_s: float = 0.04  # seconds between chunk rows (the inference node's action_dt_s)
+    max_guidance: float = 5.0  # beta: cap of the guidance weight (the paper uses 5)
+    delay_window: int = 8  # frames whose latencies give the delay estimate (their maximum)
+
+    def __post_init__(self) -> None:
+        if self.row_dt_s <= 0 or self.max_guidance < 0 or self.delay_window < 1:
+            raise ValueError("need row_dt_s > 0, max_guidance >= 0 and delay_window >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
 class NormConfig:
     """State/action normalisation with openpi norm stats (`assets/<id>/norm_stats.json`)."""
 
@@ -239,6 +262,7 @@ class EngineConfig:
     # Delta joint actions (openpi's DeltaActions mask: True dims are relative to the state).
     # None: the checkpoint's assets/<id>/action_space.json (absolute without it); (): absolute.
     delta_action_mask: tuple[bool, ...] | None = None
+    rtc: RtcConfig = dataclasses.field(default_factory=RtcConfig)  # real-time chunking
     seed: int = 0  # parameter init and action noise
 
     def __post_init__(self) -> None:

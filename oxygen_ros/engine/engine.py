@@ -23,6 +23,9 @@ Invariants:
   requests) in isolated mode; `stats().num_prefills` counts them.
 - Actions never depend on language work (the action expert reads only the prefix), so every
   mode gives the isolated path's actions for the same observation and noise.
+- Actions never wait for language work: `step(..., on_actions=f)` hands the chunk to `f` as
+  soon as it is denoised, before the frame's tail extends, decode steps and detokenisation;
+  `ActionResult.latency_s` is the observation stamp -> hand-off time on the engine's clock.
 - A request's greedy tokens equal decoding it alone from the prefix of the frame it was
   admitted in: rows never interact and token i is sampled with index i.
 - A request finishes in the frame it samples EOS or its last allowed id; EOS is never
@@ -56,12 +59,8 @@ from oxygen_ros.engine.checkpoint import (
     load_norm_stats,
     load_params,
 )
-from oxygen_ros.engine.config import (
-    PALIGEMMA_VOCAB_SIZE,
-    CacheConfig,
-    EngineConfig,
-    PromptConfig,
-)
+from oxygen_ros.engine.chunk_guide import ChunkGuide
+from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, EngineConfig
 from oxygen_ros.engine.detokenizer import IncrementalDetokenizer, find_anchor_id
 from oxygen_ros.engine.kv_cache import KVCacheLayout, LanguageKVCache
 from oxygen_ros.engine.model import Pi05Model, create_model
@@ -89,26 +88,6 @@ from oxygen_ros.engine.types import (
 )
 
 logger = logging.getLogger("oxygen_ros.engine")
-
-
-@dataclasses.dataclass
-class PreparedRequest:
-    """A language request with its defaults resolved and its tail tokenised."""
-
-    request_id: str
-    request: LanguageRequest
-    max_tokens: int
-    tail_tokens: np.ndarray  # int32 [max_tail_len]
-    tail_mask: np.ndarray  # bool [max_tail_len]
-    error: str | None = None  # set when refused
-
-
-@dataclasses.dataclass
-class Decoded:
-    """Result of decoding one request to completion."""
-
-    token_ids: list[int]
-    status: RequestStatus
 
 
 @dataclasses.dataclass
@@ -158,106 +137,6 @@ def observation_to_inputs(
     return PrefixInputs(images, masks, tokens[None], token_mask[None])
 
 
-def prepare_requests(
-    requests: Sequence[LanguageRequest],
-    prompt_config: PromptConfig,
-    cache_config: CacheConfig,
-    tokenizer: Tokenizer,
-    first_id: int = 0,
-) -> list[PreparedRequest]:
-    """Resolves defaults, assigns ids "<kind>-<n>", tokenises tails, refuses what cannot fit."""
-    prepared = []
-    for offset, request in enumerate(requests):
-        task = prompt_config.task(request.kind)
-        request_id = request.request_id or f"{request.kind.value}-{first_id + offset}"
-        max_tokens = task.max_tokens if request.max_tokens is None else request.max_tokens
-        tail_tokens, tail_mask = prompts.tokenize_tail(
-            tokenizer, task.tail, prompt_config.max_tail_len
-        )
-        needed = int(tail_mask.sum()) + max_tokens - 1
-        error = None
-        if max_tokens < 1:
-            error = f"max_tokens must be >= 1, got {max_tokens}"
-        elif needed > cache_config.max_seq_len:
-            limit = cache_config.max_seq_len
-            error = f"tail + max_tokens - 1 = {needed} exceeds cache max_seq_len={limit}"
-        prepared.append(
-            PreparedRequest(request_id, request, max_tokens, tail_tokens, tail_mask, error)
-        )
-    return prepared
-
-
-def decode_to_completion(
-    model: JitModel,
-    store: Prefix,
-    prefix_index: int,
-    requests: Sequence[PreparedRequest],
-    cache_config: CacheConfig,
-    eos_id: int,
-    counters: Counters,
-) -> list[Decoded]:
-    """Decodes requests (all reading stored prefix `prefix_index`) in waves of num_slots rows."""
-    results: list[Decoded] = []
-    slots = cache_config.num_slots
-    for start in range(0, len(requests), slots):
-        wave = requests[start : start + slots]
-        results += _decode_wave(model, store, prefix_index, wave, cache_config, eos_id, counters)
-    return results
-
-
-def _decode_wave(
-    model: JitModel,
-    store: Prefix,
-    prefix_index: int,
-    wave: Sequence[PreparedRequest],
-    cache_config: CacheConfig,
-    eos_id: int,
-    counters: Counters,
-) -> list[Decoded]:
-    slots, num = cache_config.num_slots, len(wave)
-    tail_len = wave[0].tail_tokens.shape[0]
-    tail_tokens = np.zeros((slots, tail_len), np.int32)
-    tail_mask = np.zeros((slots, tail_len), bool)
-    temperature = np.zeros((slots,), np.float32)
-    seeds = np.zeros((slots,), np.int32)
-    for row, request in enumerate(wave):
-        tail_tokens[row], tail_mask[row] = request.tail_tokens, request.tail_mask
-        temperature[row] = request.request.temperature
-        seeds[row] = request.request.seed
-    prefix_rows = np.full((slots,), prefix_index, np.int32)
-    tail_k, tail_v, logits = model.extend(store, prefix_rows, tail_tokens, tail_mask)
-    counters.num_extends += 1
-    gen_k, gen_v = model.empty_gen_cache(slots, cache_config.max_seq_len)
-    gen_k, gen_v = model.write_tail(gen_k, gen_v, np.arange(slots, dtype=np.int32), tail_k, tail_v)
-    gen_len = tail_mask.sum(axis=1).astype(np.int32)
-    active = np.arange(slots) < num
-    tokens: list[list[int]] = [[] for _ in range(num)]
-    status = [RequestStatus.RUNNING] * num
-    while True:
-        indices = np.array([len(t) for t in tokens] + [0] * (slots - num), np.int32)
-        sampled = np.asarray(model.sample_tokens(logits, temperature, seeds, indices))
-        for row in np.flatnonzero(active):
-            token = int(sampled[row])
-            counters.num_generated_tokens += 1
-            if token == eos_id and not wave[row].request.ignore_eos:
-                status[row] = RequestStatus.FINISHED_STOPPED
-                active[row] = False
-                continue
-            tokens[row].append(token)
-            if len(tokens[row]) >= wave[row].max_tokens:
-                status[row] = RequestStatus.FINISHED_LENGTH
-                active[row] = False
-        if not active.any():
-            break
-        feed = np.array([t[-1] if t else 0 for t in tokens] + [0] * (slots - num), np.int32)
-        logits, gen_k, gen_v = model.decode_step(
-            store, prefix_rows, gen_k, gen_v, gen_len, feed, active
-        )
-        counters.num_decode_steps += 1
-        gen_len = gen_len + active.astype(np.int32)
-    return [Decoded(t, s) for t, s in zip(tokens, status, strict=True)]
-
-
 @dataclasses.dataclass
 class _Live:
     """Engine-side state of a request not yet reported finished."""
@@ -292,6 +171,7 @@ class Engine:
         *,
         model: Pi05Model | None = None,
         norm_stats: Mapping[str, NormStats] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """Builds the model (checkpoint or random init) and allocates the language cache.
 
@@ -299,8 +179,11 @@ class Engine:
           config: the engine configuration (`config.scheduler.mode` picks the execution).
           model: use this model instead of loading or initialising one (tests, sharing).
           norm_stats: use these instead of the checkpoint's (None: the checkpoint's, if any).
+          clock: seconds on the clock of `Observation.stamp` (a ROS node passes its own
+            clock); `ActionResult.latency_s` is measured on it.
         """
         compiles.install()
+        self._clock = clock
         self._compiles_at_start = compiles.num_compiles()
         self.config = config
         self.tokenizer = load_tokenizer(config)
@@ -354,6 +237,13 @@ class Engine:
         self._final_status: collections.OrderedDict[str, RequestStatus] = collections.OrderedDict()
         self._last_timings: FrameTimings | None = None
         self._num_refused_early = 0
+        self.chunk_guide = ChunkGuide(
+            config.rtc,
+            self.normalizer,
+            self.delta_action_mask,
+            config.model.action_horizon,
+            config.model.action_dim,
+        )
 
     def _tail_ids(self, kind: RequestKind) -> tuple[int, ...]:
         """A kind's tail ids; raises if it is empty or longer than max_tail_len."""
@@ -478,13 +368,19 @@ class Engine:
         requests: Sequence[LanguageRequest] = (),
         *,
         noise: np.ndarray | None = None,
+        on_actions: Callable[[ActionResult], None] | None = None,
     ) -> FrameResult:
         """One control frame in `config.scheduler.mode`; `requests` are added first.
 
-        Returns the action chunk, and one `RequestOutput` per request that made progress or
-        finished (refused and aborted ones included), in submission order.
+        `on_actions` receives the action chunk the moment it is denoised, before any language
+        work of the frame (tail extends, decode steps, detokenisation), in the calling thread;
+        an exception it raises propagates and the frame's language work does not run.
+
+        Returns the action chunk (the object `on_actions` got), and one `RequestOutput` per
+        request that made progress or finished (refused and aborted ones included), in
+        submission order.
         """
-        return self._frame(observation, requests, noise, self.mode)
+        return self._frame(observation, requests, noise, self.mode, on_actions)
 
     def run_isolated(
         self,
@@ -492,10 +388,11 @@ class Engine:
         requests: Sequence[LanguageRequest] = (),
         *,
         noise: np.ndarray | None = None,
+        on_actions: Callable[[ActionResult], None] | None = None,
     ) -> FrameResult:
         """Baseline frame whatever the mode: a separate prefix prefill for the actions and for
-        each request, each decoded to completion."""
-        return self._frame(observation, requests, noise, "isolated")
+        each request, each decoded to completion (`on_actions` as in `step`)."""
+        return self._frame(observation, requests, noise, "isolated", on_actions)
 
     def warmup(self) -> int:
         """Compiles everything a frame uses (blank observation, one short request).
@@ -544,6 +441,7 @@ class Engine:
         self._last_timings = None
         # A fresh scheduler: no warm-up costs (compile times) in the deadline cost model.
         self.scheduler = FrameScheduler(self.config.scheduler, self.cache)
+        self.chunk_guide.reset()  # warm-up chunks and latencies are not the robot's
         return compiles.num_compiles() - before
 
     def _frame(
@@ -552,6 +450,7 @@ class Engine:
         requests: Sequence[LanguageRequest],
         noise: np.ndarray | None,
         mode: str,
+        on_actions: Callable[[ActionResult], None] | None = None,
     ) -> FrameResult:
         if mode not in _MODES:
             raise ValueError(f"unknown mode {mode!r}")
@@ -570,13 +469,28 @@ class Engine:
         prefix = self._prefill(inputs)
         phases.prefill_s += time.perf_counter() - prefill_start
         denoise_start = time.perf_counter()
-        actions = self.runner.denoise(prefix, noise)[0]
+        if self.config.rtc.enabled:
+            guide = self.chunk_guide.plan(observation.stamp, observation.state)
+            actions = self.runner.denoise_rtc(
+                prefix,
+                noise,
+                guide.previous,
+                guide.frozen_rows,
+                guide.guided_rows,
+                guide.max_guidance,
+            )[0]
+        else:
+            actions = self.runner.denoise(prefix, noise)[0]
         phases.denoise_s = time.perf_counter() - denoise_start
         actions = self.normalizer.unnormalize_actions(actions)[:, : self.action_output_dim]
         actions = self.normalizer.absolute_actions(
             actions, observation.state, self.delta_action_mask
         )
-        action_result = ActionResult(actions, observation.stamp, time.perf_counter() - start)
+        action_s = time.perf_counter() - start
+        action_result = ActionResult(actions, observation.stamp, self._clock() - observation.stamp)
+        if on_actions is not None:
+            on_actions(action_result)
+        self.chunk_guide.record(actions, observation.stamp, action_result.latency_s)
         num_prefills_before = self._counters.num_prefills - 1
         try:
             if mode == "continuous":
@@ -601,6 +515,7 @@ class Engine:
             decode_s=phases.decode_s,
             language_s=language_s,
             total_s=end - start,
+            action_s=action_s,
             num_decode_steps=len(steps),
             mean_batch_size=sum(size for size, _ in steps) / len(steps) if steps else 0.0,
         )

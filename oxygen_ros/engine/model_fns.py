@@ -2,8 +2,9 @@
 
 One control frame: `prefill` runs the prefix (images + pi0.5 prompt) once, bidirectionally,
 and returns its KV cache. `denoise` runs openpi's flow-matching loop with the action expert
-reading that cache. Language tasks `extend` the same cache with their tail (causally), then
-`decode_step` generates one token per active slot from a fixed-capacity cache.
+reading that cache (`rtc.denoise_rtc`: the same loop, guided towards the previous chunk).
+Language tasks `extend` the same cache with their tail (causally), then `decode_step`
+generates one token per active slot from a fixed-capacity cache.
 
 Axes: L layers, B batch/slot rows, P stored prefixes, S prefix length, T tail/generated length,
 K kv heads, H head dim, D model width, V vocabulary, A action horizon, J action dim.
@@ -33,18 +34,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import einops
 import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import openpi.models.gemma as _gemma
 from jaxtyping import Array, Bool, Float, Int
 from openpi.models.pi0 import make_attn_mask
 
 from oxygen_ros.engine.config import ModelConfig
-from oxygen_ros.engine.kv_cache import write_tail_rows
 from oxygen_ros.engine.model import Pi05Model, abstract_model
 
 MIN_TEMPERATURE = 1e-6  # sampled rows (temperature > 0) divide their logits by at least this
@@ -79,12 +81,12 @@ def prefill(model: Pi05Model, inputs: PrefixInputs) -> Prefix:
     return Prefix(k, v, mask)
 
 
-def denoise(
-    model: Pi05Model, prefix: Prefix, noise: Float[Array, "b a j"], num_steps: int
-) -> Float[Array, "b a j"]:
-    """Flow matching from t=1 (noise) to t=0 (actions) with Euler steps, reading the prefix."""
-    batch, horizon = noise.shape[:2]
-    dt = -1.0 / num_steps
+def action_velocity(
+    model: Pi05Model, prefix: Prefix, horizon: int
+) -> Callable[[Float[Array, "b a j"], Float[Array, ""]], Float[Array, "b a j"]]:
+    """The action expert's flow v(x_t, t) for B chunks of `horizon` rows reading `prefix`
+    (openpi's convention: v ~ noise - actions; t is one scalar for every row)."""
+    batch = prefix.mask.shape[0]
     # Action tokens see every valid prefix token and each other (openpi suffix ar mask).
     suffix_mask = jnp.ones((batch, horizon), dtype=bool)
     suffix_ar = jnp.zeros((horizon,), dtype=bool).at[0].set(True)
@@ -97,8 +99,7 @@ def denoise(
     )
     positions = jnp.sum(prefix.mask, axis=-1)[:, None] + jnp.cumsum(suffix_mask, axis=-1) - 1
 
-    def step(_: int, carry: tuple[Array, Array]) -> tuple[Array, Array]:
-        x_t, time = carry
+    def velocity(x_t: Array, time: Array) -> Array:
         tokens, adarms_cond = model.embed_suffix(x_t, jnp.broadcast_to(time, batch))
         (_, out), _ = model.llm(
             [None, tokens],
@@ -107,8 +108,21 @@ def denoise(
             kv_cache=(prefix.k, prefix.v),
             adarms_cond=[None, adarms_cond],
         )
-        v_t = model.action_out_proj(out[:, -horizon:])
-        return x_t + dt * v_t, time + dt
+        return model.action_out_proj(out[:, -horizon:])
+
+    return velocity
+
+
+def denoise(
+    model: Pi05Model, prefix: Prefix, noise: Float[Array, "b a j"], num_steps: int
+) -> Float[Array, "b a j"]:
+    """Flow matching from t=1 (noise) to t=0 (actions) with Euler steps, reading the prefix."""
+    velocity = action_velocity(model, prefix, noise.shape[1])
+    dt = -1.0 / num_steps
+
+    def step(_: int, carry: tuple[Array, Array]) -> tuple[Array, Array]:
+        x_t, time = carry
+        return x_t + dt * velocity(x_t, time), time + dt
 
     actions, _ = jax.lax.fori_loop(0, num_steps, step, (noise, jnp.float32(1.0)))
     return actions
@@ -295,6 +309,7 @@ class _Compiled:
     treedef: jax.tree_util.PyTreeDef
     prefill: object
     denoise: object
+    denoise_rtc: object
     extend: object
     decode_step: object
     decode_sample: object
@@ -304,6 +319,8 @@ class _Compiled:
 
 @functools.cache
 def _compiled(config: ModelConfig) -> _Compiled:
+    from oxygen_ros.engine import rtc  # rtc builds on this module's velocity and Prefix
+
     graphdef, abstract_state = nnx.split(abstract_model(config))
     treedef = jax.tree.structure(abstract_state)
 
@@ -317,6 +334,7 @@ def _compiled(config: ModelConfig) -> _Compiled:
         treedef=treedef,
         prefill=jax.jit(bind(prefill)),
         denoise=jax.jit(bind(denoise), static_argnums=3),
+        denoise_rtc=jax.jit(bind(rtc.denoise_rtc), static_argnums=3),
         extend=jax.jit(bind(extend), static_argnums=5),
         decode_step=jax.jit(bind(decode_step), static_argnums=8, donate_argnums=(3, 4)),
         decode_sample=jax.jit(bind(decode_sample), static_argnums=11, donate_argnums=(3, 4)),
@@ -347,6 +365,24 @@ class JitModel:
     def denoise(self, prefix: Prefix, noise: Array, num_steps: int | None = None) -> Array:
         steps = self.config.num_denoise_steps if num_steps is None else num_steps
         return self._fns.denoise(self._leaves, prefix, noise, steps)
+
+    def denoise_rtc(
+        self,
+        prefix: Prefix,
+        noise: Array,
+        previous: Array,
+        frozen_rows: int | Array,
+        guided_rows: int | Array,
+        max_guidance: float | Array,
+        num_steps: int | None = None,
+    ) -> Array:
+        """`rtc.denoise_rtc`. Row counts become int32 and `max_guidance` float32 arrays here
+        (a Python int, a NumPy scalar or a device array of one shape share one compilation);
+        a scalar and a per-row [B] count are two shapes, so two compilations."""
+        steps = self.config.num_denoise_steps if num_steps is None else num_steps
+        rows = (np.asarray(frozen_rows, np.int32), np.asarray(guided_rows, np.int32))
+        beta = np.asarray(max_guidance, np.float32)
+        return self._fns.denoise_rtc(self._leaves, prefix, noise, steps, previous, *rows, beta)
 
     def extend(
         self, store: Prefix, prefix_index: Array, tail_tokens: Array, tail_mask: Array
@@ -386,12 +422,6 @@ class JitModel:
         args = (store, slot_prefix, gen_k, gen_v, gen_len, tokens, active)
         sampling = (temperature, seeds, indices, self.vocab_size)
         return self._fns.decode_sample(self._leaves, *args, *sampling)
-
-    def write_tail(
-        self, gen_k: Array, gen_v: Array, rows: Array, tail_k: Array, tail_v: Array
-    ) -> tuple[Array, Array]:
-        """`kv_cache.write_tail_rows` (the cache owns the implementation); donates gen_k/v."""
-        return write_tail_rows(gen_k, gen_v, tail_k, tail_v, rows)
 
     def sample_tokens(
         self, logits: Array, temperature: Array, seeds: Array, indices: Array

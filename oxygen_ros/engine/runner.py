@@ -72,6 +72,27 @@ class Runner:
         """Normalised action chunk `[1, A, J]` from `prefix` and `noise` (waited for)."""
         return np.asarray(self.model.denoise(prefix, noise))
 
+    def denoise_rtc(
+        self,
+        prefix: Prefix,
+        noise: np.ndarray,
+        previous: np.ndarray,
+        frozen_rows: int,
+        guided_rows: int,
+        max_guidance: float,
+    ) -> np.ndarray:
+        """`denoise` guided towards `previous` [1, A, J] (normalised, aligned): real-time
+        chunking; the row counts and the weight cap are data, so they never recompile."""
+        out = self.model.denoise_rtc(
+            prefix,
+            noise,
+            np.asarray(previous, np.float32),
+            np.int32(frozen_rows),
+            np.int32(guided_rows),
+            np.float32(max_guidance),
+        )
+        return np.asarray(out)
+
     # ----------------------------------------------------------------------------------------
     # Language.
 

@@ -100,7 +100,8 @@ class ActionResult:
 
     actions: np.ndarray  # float32 [A, J] unnormalised, model action dims cut to config
     observation_stamp: float  # Observation.stamp of the frame that produced it
-    latency_s: float  # seconds from the start of `Engine.step` until the actions were ready
+    latency_s: float  # seconds from observation_stamp until the chunk was handed over, on the
+    # engine's clock (the moment `on_actions` got it, or would have)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +114,8 @@ class FrameTimings:
     decode_s: float  # batched decode steps, sampling and bookkeeping included
     language_s: float  # extend_s + decode_s + detokenisation
     total_s: float  # whole `step` call, host work included
+    action_s: float = 0.0  # from the start of `step` until the chunk was handed over (input
+    # preparation, prefill, denoise, action transforms): the frame's action path
     num_decode_steps: int = 0  # batched decode steps run in this frame
     mean_batch_size: float = 0.0  # mean active rows over those steps (0 without steps)
 

@@ -218,9 +218,14 @@ def observation_from_msg(
 
 # --------------------------------------------------------------------------------- actions
 def action_chunk_msg(
-    piece: Slice, sequence: int, joint_names: Sequence[str], frame_id: str
+    piece: Slice,
+    sequence: int,
+    joint_names: Sequence[str],
+    frame_id: str,
+    trigger: int = ActionChunk.TRIGGER_TICK,
 ) -> ActionChunk:
-    """A stream slice -> `ActionChunk` (row 0 at `piece.stamp`)."""
+    """A stream slice -> `ActionChunk` (row 0 at `piece.stamp`); `trigger` is one of
+    `ActionChunk.TRIGGER_*` (the values of `action_publisher.TRIGGER_*`)."""
     msg = ActionChunk()
     msg.header.stamp = seconds_to_time(piece.stamp)
     msg.header.frame_id = frame_id
@@ -232,6 +237,7 @@ def action_chunk_msg(
     msg.actions = array.array("f", np.ascontiguousarray(piece.rows, dtype=np.float32).tobytes())
     msg.observation_stamp = seconds_to_time(piece.chunk.observation_stamp)
     msg.inference_latency = float(piece.chunk.latency_s)
+    msg.trigger = trigger
     return msg
 
 

@@ -29,6 +29,7 @@ from oxygen_ros.engine.config import (
     CacheConfig,
     EngineConfig,
     PromptConfig,
+    RtcConfig,
     SchedulerConfig,
     get_model_config,
 )
@@ -82,6 +83,11 @@ def build_engine_config(values: Mapping[str, Any], num_joints: int) -> EngineCon
         assets_id=values["assets_id"] or None,
         tokenizer_path=resolve_path(values["tokenizer_path"]) or None,
         action_output_dim=num_joints,
+        rtc=RtcConfig(
+            enabled=values["chunk_transition"] == "rtc",
+            row_dt_s=values["action_dt_s"],
+            max_guidance=values["rtc_max_guidance"],
+        ),
         seed=values["seed"],
     )
 

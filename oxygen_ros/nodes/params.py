@@ -557,12 +557,20 @@ INFERENCE: tuple[ParamSpec, ...] = (
         check=positive,
     ),
     ParamSpec(
-        "blend_mode",
+        "chunk_transition",
         "blend",
-        "how a new chunk takes over: replace or blend",
+        "how a new chunk takes over: rtc (real-time chunking: the engine denoises it to "
+        "continue the previous chunk, then it replaces it), blend (over blend_steps rows) or "
+        "replace (at once)",
         "str",
-        runtime=True,
-        check=one_of("replace", "blend"),
+        check=one_of("rtc", "blend", "replace"),
+    ),
+    ParamSpec(
+        "rtc_max_guidance",
+        5.0,
+        "rtc: cap of the guidance weight (the paper's beta; 0 = plain denoise)",
+        "float",
+        check=non_negative,
     ),
     ParamSpec(
         "blend_steps",
@@ -591,6 +599,14 @@ INFERENCE: tuple[ParamSpec, ...] = (
         "str",
         runtime=True,
         check=one_of("stop", "hold"),
+    ),
+    ParamSpec(
+        "stats_window_s",
+        10.0,
+        "diagnostics percentiles, minima and chunk rate are over the last this many seconds",
+        "float",
+        runtime=True,
+        check=lambda v: None if math.isfinite(v) and 0 < v <= 600 else "must be in (0, 600] s",
     ),
     ParamSpec(
         "fault_injection",

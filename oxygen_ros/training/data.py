@@ -201,15 +201,6 @@ def first_frame(
     return observe(workcell, spec.instruction, resolution, cubes)
 
 
-def delta_actions(actions: np.ndarray, state: np.ndarray, mask: tuple[bool, ...]) -> np.ndarray:
-    """Absolute action chunks [N, A, J] -> openpi's `DeltaActions`: the masked dims minus each
-    step's state [N, >= J] (a new array; the identity for an empty mask)."""
-    if not mask:
-        return actions
-    data = {"state": np.asarray(state), "actions": np.array(actions, np.float32)}
-    return np.asarray(_transforms.DeltaActions(mask)(data)["actions"], np.float32)
-
-
 def compute_norm_stats(episodes: Episodes, norm: NormConfig) -> dict[str, normalize.NormStats]:
     """openpi norm stats of the state and of every action row."""
     stats = {}

@@ -511,7 +511,9 @@ def train(config: TrainConfig) -> dict:
     )
     delta_mask = _data.DELTA_ACTION_MASK if config.delta_actions else ()
     for episodes in (train_eps, heldout_eps):
-        episodes.actions = _data.delta_actions(episodes.actions, episodes.state, delta_mask)
+        episodes.actions = Normalizer.relative_actions(
+            episodes.actions, episodes.state, delta_mask
+        )
     norm_stats = _data.compute_norm_stats(train_eps, norm)
     normalizer = Normalizer(norm_stats, norm)
     train_samples = _data.build_samples(train_eps, model_config, tokenizer, normalizer, prompt)

@@ -15,9 +15,18 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from oxygen_ros.engine.config import CacheConfig, EngineConfig, ModelConfig, get_model_config
+from oxygen_ros.engine.checkpoint import Normalizer
+from oxygen_ros.engine.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    NormConfig,
+    get_model_config,
+)
+from oxygen_ros.engine.engine import observation_to_inputs
 from oxygen_ros.engine.model import Pi05Model
-from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH
+from oxygen_ros.engine.model_fns import PrefixInputs
+from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, Tokenizer
 from oxygen_ros.engine.types import LanguageRequest, Observation, RequestKind
 
 TINY = get_model_config("tiny")
@@ -100,3 +109,19 @@ def use_bundled_tokenizer_for_openpi(monkeypatch: pytest.MonkeyPatch, home: path
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(BUNDLED_TOKENIZER_PATH, target)
     monkeypatch.setenv("OPENPI_DATA_HOME", str(home))
+
+
+def make_batch_inputs(tokenizer: Tokenizer, *seeds: int) -> PrefixInputs:
+    """Model inputs of len(seeds) observations (`make_observation(seed)`, one row each)."""
+    rows = [
+        observation_to_inputs(
+            make_observation(seed, prompt=f"task number {seed}"),
+            TINY.image_keys,
+            TINY.image_resolution,
+            tokenizer,
+            Normalizer(None, NormConfig()),
+            TINY.max_token_len,
+        )
+        for seed in seeds
+    ]
+    return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *rows)

@@ -16,12 +16,8 @@ from engine_factories import (
 )
 
 from oxygen_ros.engine.config import SchedulerConfig
-from oxygen_ros.engine.engine import (
-    Counters,
-    Engine,
-    decode_to_completion,
-    prepare_requests,
-)
+from oxygen_ros.engine.engine import Counters, Engine
+from oxygen_ros.engine.reference_decode import decode_to_completion, prepare_requests
 from oxygen_ros.engine.types import LanguageRequest, RequestKind, RequestStatus
 
 FINISHED_RUNNING = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)

@@ -6,12 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from engine_factories import TINY, make_observation
+from engine_factories import TINY, make_batch_inputs
 
 from oxygen_ros.engine import compiles, prompts
-from oxygen_ros.engine.checkpoint import Normalizer
-from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, CacheConfig, NormConfig, PromptConfig
-from oxygen_ros.engine.engine import observation_to_inputs
+from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, CacheConfig, PromptConfig
+from oxygen_ros.engine.kv_cache import write_tail_rows
 from oxygen_ros.engine.model_fns import JitModel, PrefixInputs, sample_tokens
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, Tokenizer
 
@@ -31,22 +30,6 @@ def jit_model(tiny_model, tokenizer) -> JitModel:
     return JitModel(tiny_model, vocab_size=tokenizer.vocab_size)
 
 
-def _inputs(tokenizer: Tokenizer, *seeds: int) -> PrefixInputs:
-    """Batch of len(seeds) observations (one row each)."""
-    rows = [
-        observation_to_inputs(
-            make_observation(seed, prompt=f"task number {seed}"),
-            TINY.image_keys,
-            TINY.image_resolution,
-            tokenizer,
-            Normalizer(None, NormConfig()),
-            TINY.max_token_len,
-        )
-        for seed in seeds
-    ]
-    return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *rows)
-
-
 def _row(inputs: PrefixInputs, row: int) -> PrefixInputs:
     return jax.tree.map(lambda x: x[row : row + 1], inputs)
 
@@ -61,7 +44,7 @@ def _greedy_decode(jit_model, store, slot_prefix, tails, active, steps, vocab):
     tail_tokens, tail_mask = tails
     tail_k, tail_v, logits = jit_model.extend(store, slot_prefix, tail_tokens, tail_mask)
     gen_k, gen_v = jit_model.empty_gen_cache(NUM_SLOTS, MAX_SEQ_LEN)
-    gen_k, gen_v = jit_model.write_tail(gen_k, gen_v, np.arange(NUM_SLOTS), tail_k, tail_v)
+    gen_k, gen_v = write_tail_rows(gen_k, gen_v, tail_k, tail_v, np.arange(NUM_SLOTS))
     gen_len = tail_mask.sum(axis=1).astype(np.int32)
     tokens, all_logits = [], []
     for _ in range(steps):
@@ -77,7 +60,7 @@ def _greedy_decode(jit_model, store, slot_prefix, tails, active, steps, vocab):
 
 def test_cached_greedy_decoding_equals_uncached_forward(jit_model, tokenizer) -> None:
     steps, vocab = 20, tokenizer.vocab_size
-    inputs = _inputs(tokenizer, 0, 1)
+    inputs = make_batch_inputs(tokenizer, 0, 1)
     store = jit_model.prefill(inputs)  # P = 2 stored prefixes
     texts = ["\nNarration: ", "\nSubtask: ", "\nMemory: ", "\nSubtask: "] * (NUM_SLOTS // 4)
     tails = _tails(tokenizer, texts)
@@ -99,7 +82,7 @@ def test_cached_greedy_decoding_equals_uncached_forward(jit_model, tokenizer) ->
 
 
 def test_decode_rows_are_independent_and_inactive_rows_untouched(jit_model, tokenizer) -> None:
-    store = jit_model.prefill(_inputs(tokenizer, 2))
+    store = jit_model.prefill(make_batch_inputs(tokenizer, 2))
     tail_tokens, tail_mask = _tails(tokenizer, ["\nSubtask: "] * NUM_SLOTS)
     slot_prefix = np.zeros((NUM_SLOTS,), np.int32)
     tail_k, tail_v, _ = jit_model.extend(store, slot_prefix, tail_tokens, tail_mask)
@@ -107,7 +90,7 @@ def test_decode_rows_are_independent_and_inactive_rows_untouched(jit_model, toke
 
     def step(tokens, active):
         gen_k, gen_v = jit_model.empty_gen_cache(NUM_SLOTS, MAX_SEQ_LEN)
-        gen_k, gen_v = jit_model.write_tail(gen_k, gen_v, np.arange(NUM_SLOTS), tail_k, tail_v)
+        gen_k, gen_v = write_tail_rows(gen_k, gen_v, tail_k, tail_v, np.arange(NUM_SLOTS))
         before = np.asarray(gen_k)
         logits, gen_k, _ = jit_model.decode_step(
             store, slot_prefix, gen_k, gen_v, gen_len, np.array(tokens, np.int32), active
@@ -127,7 +110,7 @@ def test_decode_rows_are_independent_and_inactive_rows_untouched(jit_model, toke
 
 
 def test_extend_equals_feeding_the_tail_token_by_token(jit_model, tokenizer) -> None:
-    store = jit_model.prefill(_inputs(tokenizer, 3))
+    store = jit_model.prefill(make_batch_inputs(tokenizer, 3))
     tail_tokens, tail_mask = _tails(tokenizer, ["\nNarration: "] * NUM_SLOTS)
     tail_len = int(tail_mask[0].sum())
     slot_prefix = np.zeros((NUM_SLOTS,), np.int32)
@@ -145,7 +128,7 @@ def test_extend_equals_feeding_the_tail_token_by_token(jit_model, tokenizer) -> 
 
 
 def test_batched_prefill_and_denoise_equal_single_rows(jit_model, tokenizer) -> None:
-    inputs = _inputs(tokenizer, 4, 5)
+    inputs = make_batch_inputs(tokenizer, 4, 5)
     noise = np.random.default_rng(0).standard_normal((2, TINY.action_horizon, TINY.action_dim))
     noise = noise.astype(np.float32)
     both = np.asarray(jit_model.denoise(jit_model.prefill(inputs), noise))
@@ -158,7 +141,7 @@ def test_batched_prefill_and_denoise_equal_single_rows(jit_model, tokenizer) -> 
 
 
 def test_small_vocab_logits_equal_the_full_tied_embedding_head(tiny_model, jit_model, tokenizer):
-    store = jit_model.prefill(_inputs(tokenizer, 6))
+    store = jit_model.prefill(make_batch_inputs(tokenizer, 6))
     tails = _tails(tokenizer, ["\nMemory: "] * NUM_SLOTS)
     rows = np.zeros((NUM_SLOTS,), np.int32)
     _, _, small = jit_model.extend(store, rows, *tails)

@@ -7,8 +7,9 @@ import pytest
 from engine_factories import make_engine_config, make_observation
 
 from oxygen_ros.engine import compiles
-from oxygen_ros.engine.engine import Counters, Engine, decode_to_completion, prepare_requests
+from oxygen_ros.engine.engine import Counters, Engine
 from oxygen_ros.engine.kv_cache import LanguageKVCache
+from oxygen_ros.engine.reference_decode import decode_to_completion, prepare_requests
 from oxygen_ros.engine.requests import Request
 from oxygen_ros.engine.runner import Runner
 from oxygen_ros.engine.types import LanguageRequest, RequestKind, RequestStatus

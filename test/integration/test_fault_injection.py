@@ -1063,7 +1063,7 @@ def test_engine_fault_ends_requests_with_error_and_node_keeps_serving(rig: Rig) 
         assert "engine fault: InjectedFaultError" in final.error, final.error
     assert all(len(rig.finals(i)) == 1 for i in ids)  # exactly one final each
     log = rig.inference.log()
-    assert "frame failed: InjectedFaultError" in log and "inference_node.py:" in log
+    assert "frame failed: InjectedFaultError" in log and "engine_loop.py:" in log
     # Keeps serving: the next request finishes normally, actions flow.
     reply = rig.request(RequestLanguage.Request.KIND_NARRATION, max_tokens=4)
     assert reply.accepted, reply.reason

@@ -7,7 +7,7 @@ import pytest
 from builtin_interfaces.msg import Time
 
 from oxygen_ros.engine.types import Observation, RequestKind, RequestOutput, RequestStatus
-from oxygen_ros.msg import ObservationFrame, SpeechToken
+from oxygen_ros.msg import ActionChunk, ObservationFrame, SpeechToken
 from oxygen_ros.nodes.action_stream import Slice, TimedChunk
 from oxygen_ros.nodes.conversions import (
     RejectedFrameError,
@@ -122,6 +122,9 @@ def test_action_chunk_and_trajectory() -> None:
     piece = Slice(chunk, 1, 10.1, rows[1:])
     msg = action_chunk_msg(piece, 42, JOINTS, "base_link")
     assert (msg.sequence, msg.chunk_id, msg.horizon) == (42, 5, 3)
+    assert msg.trigger == ActionChunk.TRIGGER_TICK
+    new = action_chunk_msg(piece, 43, JOINTS, "base_link", ActionChunk.TRIGGER_NEW_CHUNK)
+    assert (new.sequence, new.trigger) == (43, ActionChunk.TRIGGER_NEW_CHUNK)
     assert time_to_seconds(msg.header.stamp) == pytest.approx(10.1)
     assert time_to_seconds(msg.observation_stamp) == pytest.approx(9.8)
     assert msg.inference_latency == pytest.approx(0.3) and msg.dt == pytest.approx(0.1)

@@ -131,6 +131,12 @@ def test_yaml_builds_a_valid_engine_config() -> None:
     cfg = build_engine_config(values, len(values["joint_names"]))
     assert cfg.action_output_dim == 19 and cfg.model.name == "tiny"
     assert cfg.checkpoint_dir is None
+    assert values["chunk_transition"] == "blend" and not cfg.rtc.enabled
+    # rtc: the engine guides its denoise, on the rows' own spacing, capped as configured.
+    rtc = build_engine_config(
+        {**values, "chunk_transition": "rtc", "rtc_max_guidance": 2.5}, len(values["joint_names"])
+    ).rtc
+    assert rtc.enabled and (rtc.row_dt_s, rtc.max_guidance) == (values["action_dt_s"], 2.5)
 
 
 @pytest.mark.parametrize(
@@ -183,7 +189,7 @@ def spec(name: str) -> P.ParamSpec:
         ("narration_period_s", 0.0, True),
         ("narration_period_s", 0.01, False),
         ("memory_period_s", 10.0, True),
-        ("blend_mode", "cubic", False),
+        ("chunk_transition", "cubic", False),
         ("watchdog_policy", "hold", True),
         ("joint_names", [], False),
         ("joint_names", ["a", "a"], False),

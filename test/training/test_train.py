@@ -176,7 +176,7 @@ def test_delta_action_training_is_served_as_absolute_targets(demos_dir, tmp_path
     episode = recorder.read_episode(path)
     model_config = train.engine_config(str(out)).model
     eps = data.load_episodes([path], model_config)
-    deltas = data.delta_actions(eps.actions, eps.state, data.DELTA_ACTION_MASK)
+    deltas = Normalizer.relative_actions(eps.actions, eps.state, data.DELTA_ACTION_MASK)
     arm = np.array(data.DELTA_ACTION_MASK)
     np.testing.assert_allclose(
         deltas[:, :, arm] + eps.state[:, None, arm], eps.actions[:, :, arm], atol=1e-6

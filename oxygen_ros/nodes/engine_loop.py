@@ -1,0 +1,350 @@
+"""The inference node's engine thread: the loop around `Engine.step`.
+
+Builds and warms up the engine, then per frame: the newest serialized ObservationFrame (plus
+the queued language requests) -> deserialize and check it -> `Engine.step`, whose `on_actions`
+hands the chunk to the `ActionPublisher` the moment it is denoised (before the frame's
+language work) -> the frame's language outputs to the `RequestBook`, finished ones to the
+node (`on_finished`: counters, memory entries).
+
+Invariants:
+- No engine call outside this thread.
+- Only frames the engine uses are deserialized, here (a 3-camera frame holds the GIL ~3 ms;
+  doing that for every received frame in a callback delayed ticks by ~20 ms).
+- A frame the engine must not see (undecodable, breaking the message invariants, stamped
+  more than `FRAME_FUTURE_TOLERANCE_S` ahead or older than `max_chunk_age_s`) is rejected
+  (counted, warned about) and dropped; its requests go back to the front of the queue for the
+  next good frame (the loop waits for that frame instead of spinning on the bad one).
+- An exception in a frame (an engine fault, or the test-only `fault_injection`) ends every
+  in-flight request with an error final message (and aborts it in the engine where it still
+  can); the loop serves on.
+- The hand-off costs the engine thread a lock and a notify (no message is built there).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+from rclpy.serialization import deserialize_message
+
+from oxygen_ros.engine.types import ActionResult, FrameResult, LanguageRequest
+from oxygen_ros.msg import ObservationFrame
+from oxygen_ros.nodes.action_publisher import ActionPublisher
+from oxygen_ros.nodes.conversions import RejectedFrameError, observation_from_msg
+from oxygen_ros.nodes.request_book import Finished, RequestBook
+from oxygen_ros.nodes.sliding_window import SlidingWindow
+
+ENGINE_WAIT_S = 0.1  # the thread wakes at least this often to notice shutdown
+FRAME_FUTURE_TOLERANCE_S = 0.5  # frames stamped further ahead of the node's clock are rejected
+THROTTLE_S = 5.0
+# Parameters read live (the node's NodeParameters, or a dict in tests).
+PARAMETERS = ("warmup", "max_chunk_age_s", "fault_injection", "stats_window_s")
+
+
+class InjectedFaultError(RuntimeError):
+    """Raised inside a frame by the test-only `fault_injection=engine_exception`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FrameFormat:
+    """How an ObservationFrame becomes the engine's `Observation`."""
+
+    image_keys: tuple[str, ...]  # the model's image slots
+    state_names: tuple[str, ...]  # the joints, then perceived entries (the model's state)
+    num_joints: int  # the first num_joints state entries are the joints
+    resolution: tuple[int, int]  # the model's image height, width
+
+
+class FrameInbox:
+    """The newest serialized ObservationFrame and the task prompt, from the node's callbacks to
+    the engine thread (only the newest frame matters; older ones are overwritten)."""
+
+    def __init__(self, prompt: str) -> None:
+        self._cond = threading.Condition()
+        self._frame: bytes | None = None
+        self._key = 0  # frames received so far
+        self._used_key = 0  # key of the last frame taken
+        self._prompt = prompt
+
+    @property
+    def prompt(self) -> str:
+        with self._cond:
+            return self._prompt
+
+    def put_frame(self, data: bytes) -> None:
+        with self._cond:
+            self._frame = data
+            self._key += 1
+            self._cond.notify_all()
+
+    def set_prompt(self, prompt: str) -> None:
+        with self._cond:
+            self._prompt = prompt
+
+    def wake(self) -> None:
+        """Makes a waiting `take` look again (new requests, shutdown)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def take(
+        self, has_requests: Callable[[], bool], stop: threading.Event, timeout_s: float
+    ) -> tuple[bytes, int, str] | None:
+        """Waits up to `timeout_s` for a new frame, or for requests and any frame; returns
+        (frame, key, prompt), or None (nothing to do, or `stop` is set)."""
+
+        def ready() -> bool:
+            return self._frame is not None and (self._key != self._used_key or has_requests())
+
+        with self._cond:
+            self._cond.wait_for(lambda: stop.is_set() or ready(), timeout=timeout_s)
+            if stop.is_set() or not ready():
+                return None
+            self._used_key = self._key
+            return self._frame, self._key, self._prompt
+
+    def drop(self, key: int) -> None:
+        """Forgets frame `key` if it is still the newest (it is not used again)."""
+        with self._cond:
+            if self._key == key:
+                self._frame = None
+
+
+class EngineLoop:
+    """The engine thread (`start` / `stop` / `join`); see the module docstring.
+
+    `params` is read live (keys in `PARAMETERS`). `reject(reason, message)` counts and warns
+    about a rejected frame; `on_finished` gets each request the engine reported finished;
+    `logger` is the node's (rclpy logger calls). `engine_factory` builds the engine (in this
+    thread: importing JAX and building the model take seconds).
+    """
+
+    def __init__(
+        self,
+        engine_factory: Callable[[], Any],
+        frame_format: FrameFormat,
+        inbox: FrameInbox,
+        book: RequestBook,
+        publisher: ActionPublisher,
+        params: Mapping[str, Any],
+        *,
+        clock: Callable[[], float],
+        logger: Any,
+        reject: Callable[[str, str], None],
+        on_finished: Callable[[Finished], None],
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._engine_factory = engine_factory
+        self._format = frame_format
+        self._inbox = inbox
+        self._book = book
+        self._queue = book.queue
+        self._publisher = publisher
+        self._params = params
+        self._clock = clock
+        self._logger = logger
+        self._reject = reject
+        self._on_finished = on_finished
+        self._monotonic = monotonic
+        self.state = "loading"  # loading | ready | failed
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self.run, name="engine", daemon=True)
+        self._engine_stats: dict[str, object] = {}
+        self._frame_time_s = float("nan")
+        window = params["stats_window_s"]
+        self._action_path = SlidingWindow(window)  # FrameTimings.action_s
+        self._prefill_denoise = SlidingWindow(window)  # prefill_s + denoise_s
+        self._handoff_latency = SlidingWindow(window)  # ActionResult.latency_s
+
+    # ------------------------------------------------------------------ other threads
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Asks the loop to end (a frame in progress finishes first)."""
+        self._stop.set()
+        self._inbox.wake()
+
+    def join(self, timeout_s: float) -> bool:
+        """Waits for the thread; True when it has ended."""
+        self._thread.join(timeout=timeout_s)
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def diagnostics(self) -> dict[str, object]:
+        """Key/values for /diagnostics (windows over the last `stats_window_s`)."""
+        t = self._monotonic()
+        values: dict[str, object] = {
+            "engine_state": self.state,
+            "frame_time_s": self._frame_time_s,
+        }
+        for name, window in (
+            ("frame.action_path", self._action_path),
+            ("frame.prefill_denoise", self._prefill_denoise),
+            ("frame.obs_to_handoff", self._handoff_latency),
+        ):
+            window.window_s = self._params["stats_window_s"]
+            values[f"{name}_p50_ms"] = 1e3 * window.percentile(50, t)
+            values[f"{name}_p99_ms"] = 1e3 * window.percentile(99, t)
+        values["frame.count_in_window"] = self._action_path.count(t)
+        values.update((f"engine.{k}", v) for k, v in self._engine_stats.items())
+        return values
+
+    @property
+    def engine_stats(self) -> dict[str, object]:
+        """The engine's `stats()` after the last frame, flattened."""
+        return self._engine_stats
+
+    # ------------------------------------------------------------------ engine thread
+    def run(self) -> None:
+        """Builds the engine, then runs frames until `stop`."""
+        try:
+            engine = self._engine_factory()
+            if self._params["warmup"]:
+                started = time.monotonic()
+                compiled = engine.warmup()  # every code path, so no frame stalls on a compile
+                self._logger.info(
+                    f"engine warmed up: {compiled} compilations in "
+                    f"{time.monotonic() - started:.1f} s"
+                )
+        except Exception as exc:  # a bad checkpoint or preset must not hang the node silently
+            self.state = "failed"
+            self._logger.fatal(f"engine failed to start: {type(exc).__name__}: {exc}")
+            self._logger.debug(traceback.format_exc())
+            return
+        self.state = "ready"
+        self._logger.info("engine ready")
+        while not self._stop.is_set():
+            work = self._inbox.take(self._queue.has_queued, self._stop, ENGINE_WAIT_S)
+            if work is not None:
+                self.run_frame(engine, *work, self._queue.take())
+
+    def run_frame(
+        self, engine: Any, data: bytes, key: int, prompt: str, requests: list[LanguageRequest]
+    ) -> None:
+        """One frame: checks it, steps the engine, hands its chunk over, sends its outputs."""
+        observation = self._decode(data, key, requests, prompt)
+        if observation is None:
+            return
+        self._publisher.set_hold_positions(observation.state[: self._format.num_joints])
+        fault = self._params["fault_injection"]
+        started = self._clock()
+        try:
+            for request_id in self._queue.take_aborts():
+                engine.abort(request_id)  # its final (aborted) output comes with this step
+            self._book.admit(requests, observation.stamp, prompt)
+            result = engine.step(
+                observation, requests, on_actions=lambda r: self._hand_off(r, fault)
+            )
+            if fault == "engine_exception":
+                raise InjectedFaultError("fault_injection=engine_exception (test only)")
+        except Exception as exc:  # engine fault: log the cause, end its requests, keep serving
+            self._engine_fault(engine, exc)
+            return
+        if self._stop.is_set():
+            return  # shutting down: the node ends these requests and closes the database
+        self._record(engine, result, started)
+        stamp = self._clock()  # one header stamp for every output of the frame
+        for output in result.outputs:
+            finished = self._book.on_output(output, stamp, observation.stamp, prompt)
+            if finished is not None:
+                self._on_finished(finished)
+
+    def _hand_off(self, result: ActionResult, fault: str) -> None:
+        """`on_actions`: in the engine thread, before the frame's language work."""
+        actions = result.actions
+        if fault == "nan_chunk":  # test only: one NaN poisons the whole chunk
+            actions = np.array(actions, dtype=np.float32, copy=True)
+            actions[len(actions) // 2, 0] = np.nan
+        self._publisher.hand_off(actions, result.observation_stamp, result.latency_s)
+
+    def _decode(self, data: bytes, key: int, requests: list[LanguageRequest], prompt: str):
+        """The frame as an `Observation`, or None (rejected and dropped)."""
+        fmt = self._format
+        try:
+            frame = deserialize_message(data, ObservationFrame)
+            observation = observation_from_msg(
+                frame, prompt, fmt.image_keys, fmt.state_names, fmt.resolution
+            )
+        except RejectedFrameError as exc:
+            return self._drop(key, requests, f"frame_{exc.reason}", f"frame rejected: {exc}")
+        except (ValueError, TypeError, RuntimeError) as exc:  # undecodable bytes
+            return self._drop(key, requests, "frame_undecodable", f"frame undecodable: {exc}")
+        age = self._clock() - observation.stamp
+        if age < -FRAME_FUTURE_TOLERANCE_S:
+            return self._drop(
+                key,
+                requests,
+                "frame_future_stamp",
+                f"frame rejected: stamped {-age:.3f} s in the future (clocks out of sync?)",
+            )
+        max_age = self._params["max_chunk_age_s"]
+        if age > max_age:
+            return self._drop(
+                key,
+                requests,
+                "frame_stale",
+                f"frame rejected: {age:.3f} s old (max_chunk_age_s={max_age:g})",
+            )
+        return observation
+
+    def _drop(self, key: int, requests: list[LanguageRequest], reason: str, message: str) -> None:
+        """A frame the engine must not see: counted, dropped (the loop waits for the next one
+        instead of retrying it), its requests back in the queue for the next good frame."""
+        self._reject(reason, message)
+        self._inbox.drop(key)
+        self._queue.requeue(requests)
+
+    def _record(self, engine: Any, result: FrameResult, started: float) -> None:
+        timings = result.timings
+        t = self._monotonic()
+        self._action_path.add(timings.action_s, t)
+        self._prefill_denoise.add(timings.prefill_s + timings.denoise_s, t)
+        if result.actions is not None:
+            self._handoff_latency.add(result.actions.latency_s, t)
+        self._frame_time_s = self._clock() - started
+        self.counters["frames_run"] += 1
+        self._engine_stats = flatten_stats(engine.stats())
+
+    def _engine_fault(self, engine: Any, exc: Exception) -> None:
+        """Logs the cause and ends every in-flight request with an error final message."""
+        self.counters["engine_faults"] += 1
+        reason = f"engine fault: {type(exc).__name__}: {exc}"
+        frames = traceback.extract_tb(exc.__traceback__)
+        at = (
+            f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in "
+            f"{frames[-1].name})"
+            if frames
+            else ""
+        )
+        self._logger.error(
+            f"frame failed: {type(exc).__name__}: {exc}{at}; ending "
+            f"{self._queue.num_in_flight} in-flight request(s) with an error, serving on",
+            throttle_duration_sec=THROTTLE_S,
+        )
+        self._logger.debug(traceback.format_exc())
+        for request in self._book.fail_in_flight(reason):
+            with contextlib.suppress(Exception):  # free its slot if the engine still can
+                engine.abort(request.request_id)
+
+
+def flatten_stats(stats: object) -> dict[str, object]:
+    """`EngineStats` (nested dataclasses included) as flat `name: value` pairs."""
+    flat: dict[str, object] = {}
+    for key, value in dataclasses.asdict(stats).items():
+        if isinstance(value, dict):
+            flat.update((f"{key}.{k}", v) for k, v in value.items())
+        elif value is not None:
+            flat[key] = value
+    return flat

@@ -1,0 +1,315 @@
+"""The engine thread's loop with a fake engine (no node, no JAX): the chunk is handed over and
+published during the frame's language work, bad frames never reach the engine, an engine fault
+ends the in-flight requests once with an error and the loop serves on."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from rclpy.serialization import serialize_message
+
+from oxygen_ros.engine.types import (
+    ActionResult,
+    EngineStats,
+    FrameResult,
+    FrameTimings,
+    RequestKind,
+    RequestOutput,
+    RequestStatus,
+)
+from oxygen_ros.msg import ObservationFrame
+from oxygen_ros.nodes.action_publisher import TRIGGER_NEW_CHUNK, ActionPublisher
+from oxygen_ros.nodes.action_stream import StreamConfig
+from oxygen_ros.nodes.conversions import rgb_image_msg, seconds_to_time
+from oxygen_ros.nodes.engine_bridge import LanguageQueue
+from oxygen_ros.nodes.engine_loop import EngineLoop, FrameFormat, FrameInbox
+from oxygen_ros.nodes.request_book import RequestBook
+
+SLOTS = ("base_0_rgb", "left_wrist_0_rgb")
+JOINTS = ("a", "b")
+FORMAT = FrameFormat(SLOTS, JOINTS, len(JOINTS), (8, 8))
+ROWS = 10
+TIMINGS = FrameTimings(0.02, 0.03, 0.0, 0.0, 0.0, 0.2, action_s=0.06)
+
+
+def frame_bytes(stamp: float, positions=(0.25, -0.5)) -> bytes:
+    msg = ObservationFrame()
+    msg.header.stamp = seconds_to_time(stamp)
+    msg.image_names = list(SLOTS)
+    msg.images = [
+        rgb_image_msg(np.zeros((8, 8, 3), np.uint8), msg.header.stamp, "") for _ in SLOTS
+    ]
+    msg.image_valid = [True] * len(SLOTS)
+    msg.image_stamps = [msg.header.stamp] * len(SLOTS)
+    msg.joint_names = list(JOINTS)
+    msg.joint_positions = [float(p) for p in positions]
+    msg.joint_velocities = [0.0] * len(JOINTS)
+    return serialize_message(msg)
+
+
+class FakeEngine:
+    """`step` hands the chunk over, then does its "language work" (`language`), then answers
+    one finished output per request; `fail` raises inside the language work."""
+
+    def __init__(self, language=None, latency_s: float = 0.125) -> None:
+        self.language = language or (lambda: None)
+        self.latency_s = latency_s
+        self.fail = False
+        self.steps: list[tuple[float, list[str]]] = []
+        self.aborted: list[str] = []
+        self.events: list[str] = []
+        self.stepped = threading.Event()
+
+    def warmup(self) -> int:
+        return 0
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(num_frames=len(self.steps))
+
+    def step(self, observation, requests=(), *, on_actions=None) -> FrameResult:
+        self.steps.append((observation.stamp, [r.request_id for r in requests]))
+        actions = ActionResult(
+            np.full((ROWS, len(JOINTS)), 0.125, np.float32), observation.stamp, self.latency_s
+        )
+        on_actions(actions)
+        self.events.append("handed over")
+        self.language()
+        self.events.append("language done")
+        self.stepped.set()
+        if self.fail:
+            raise RuntimeError("device lost")
+        outputs = tuple(
+            RequestOutput(r.request_id, r.kind, (7,), "ok", 0, RequestStatus.FINISHED_LENGTH, "ok")
+            for r in requests
+        )
+        return FrameResult(len(self.steps) - 1, actions, outputs, TIMINGS, 1)
+
+
+class FakePublisher:
+    def __init__(self, events: list[str] | None = None) -> None:
+        self.handed: list[tuple[np.ndarray, float, float]] = []
+        self.hold: np.ndarray | None = None
+        self.events = events
+
+    def hand_off(self, actions, observation_stamp, latency_s) -> None:
+        self.handed.append((np.array(actions), observation_stamp, latency_s))
+        if self.events is not None:
+            self.events.append("hand_off")
+
+    def set_hold_positions(self, positions) -> None:
+        self.hold = np.asarray(positions)
+
+
+class Logger:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+
+    def __getattr__(self, level: str):
+        return lambda message, **_: self.lines.append((level, message))
+
+
+class Rig:
+    def __init__(self, engine: FakeEngine, publisher=None, factory=None, **params) -> None:
+        self.now = 100.0
+        self.engine = engine
+        self.params = {
+            "warmup": True,
+            "max_chunk_age_s": 2.0,
+            "fault_injection": "",
+            "stats_window_s": 10.0,
+            **params,
+        }
+        self.queue = LanguageQueue(8)
+        self.finals: list[RequestOutput] = []
+        self.book = RequestBook(self.queue, self._send, lambda: self.now)
+        self.inbox = FrameInbox("pick the cup")
+        self.publisher = publisher if publisher is not None else FakePublisher()
+        self.rejected: list[str] = []
+        self.finished: list[str] = []
+        self.logger = Logger()
+        self.loop = EngineLoop(
+            factory or (lambda: engine),
+            FORMAT,
+            self.inbox,
+            self.book,
+            self.publisher,
+            self.params,
+            clock=lambda: self.now,
+            logger=self.logger,
+            reject=lambda reason, message: self.rejected.append(reason),
+            on_finished=lambda f: self.finished.append(f.output.request_id),
+        )
+
+    def _send(self, output, stamp, observation_stamp) -> None:
+        if output.status.finished:
+            self.finals.append(output)
+
+    def submit(self, *kinds: RequestKind) -> list[str]:
+        return [self.queue.submit(k).request_id for k in kinds]
+
+    def run_frame(self, stamp: float, data: bytes | None = None) -> None:
+        self.inbox.put_frame(frame_bytes(stamp) if data is None else data)
+        work = self.inbox.take(self.queue.has_queued, threading.Event(), 0.0)
+        assert work is not None
+        self.loop.run_frame(self.engine, *work, self.queue.take())
+
+
+def test_chunk_handed_over_before_the_language_work_then_outputs() -> None:
+    events: list[str] = []
+    engine = FakeEngine(language=lambda: events.append("language"))
+    rig = Rig(engine, FakePublisher(events))
+    (rid,) = rig.submit(RequestKind.NARRATION)
+    rig.run_frame(99.875)
+    assert events == ["hand_off", "language"]
+    ((actions, stamp, latency),) = rig.publisher.handed
+    assert actions.shape == (ROWS, len(JOINTS))
+    assert (stamp, latency) == (99.875, 0.125)  # the engine's own measure, passed through
+    np.testing.assert_array_equal(rig.publisher.hold, [0.25, -0.5])  # the frame's joints
+    assert [f.request_id for f in rig.finals] == [rid] and rig.finished == [rid]
+    values = rig.loop.diagnostics()
+    assert values["frame.action_path_p50_ms"] == pytest.approx(60.0)
+    assert values["frame.prefill_denoise_p99_ms"] == pytest.approx(50.0)
+    assert values["frame.obs_to_handoff_p99_ms"] == pytest.approx(125.0)
+    assert rig.loop.counters["frames_run"] == 1
+
+
+def test_new_chunk_published_while_the_engine_is_still_in_the_frame() -> None:
+    """With the real publisher thread: the NEW_CHUNK message goes out during the language
+    work (the fake engine's language phase waits for it), not after `step` returns."""
+    published = threading.Event()
+    messages: list[tuple[int, int, float]] = []
+
+    def publish(piece, sequence, trigger) -> None:
+        messages.append((sequence, trigger, piece.chunk.latency_s))
+        published.set()
+
+    seen_during_language: list[bool] = []
+    engine = FakeEngine(language=lambda: seen_during_language.append(published.wait(5.0)))
+    params = {
+        "action_rate_hz": 1.0,  # the first tick is 1 s away
+        "watchdog_timeout_s": 60.0,
+        "watchdog_policy": "stop",
+        "stats_window_s": 10.0,
+    }
+    publisher = ActionPublisher(
+        StreamConfig(dt=0.1, num_joints=2, max_chunk_age_s=60.0), ROWS, params, publish, time.time
+    )
+    thread = threading.Thread(target=publisher.run, daemon=True)
+    thread.start()
+    try:
+        rig = Rig(engine, publisher)
+        rig.now = time.time()
+        rig.run_frame(rig.now - 0.125)
+    finally:
+        publisher.stop()
+        thread.join(timeout=5.0)
+    assert seen_during_language == [True]
+    assert engine.events == ["handed over", "language done"]
+    assert messages[0] == (0, TRIGGER_NEW_CHUNK, 0.125)  # inference_latency: the engine's
+
+
+def test_engine_fault_ends_in_flight_requests_once_and_the_loop_serves_on() -> None:
+    engine = FakeEngine()
+    rig = Rig(engine)
+    a, b = rig.submit(RequestKind.NARRATION, RequestKind.MEMORY)
+    engine.fail = True
+    rig.run_frame(99.9)
+    assert [(f.request_id, f.status) for f in rig.finals] == [
+        (a, RequestStatus.FINISHED_ERROR),
+        (b, RequestStatus.FINISHED_ERROR),
+    ]
+    assert "engine fault: RuntimeError: device lost" in rig.finals[0].error
+    assert engine.aborted == [a, b]  # their slots freed where the engine still can
+    assert rig.loop.counters["engine_faults"] == 1
+    assert len(rig.publisher.handed) == 1  # the chunk had been handed over already
+    engine.fail = False
+    (c,) = rig.submit(RequestKind.NARRATION)
+    rig.run_frame(99.95)
+    assert [f.request_id for f in rig.finals] == [a, b, c]
+    assert rig.finals[-1].status == RequestStatus.FINISHED_LENGTH
+    assert rig.finished == [c]
+
+
+def test_injected_engine_exception_is_logged_with_its_place() -> None:
+    rig = Rig(FakeEngine(), fault_injection="engine_exception")
+    (rid,) = rig.submit(RequestKind.NARRATION)
+    rig.run_frame(99.9)
+    assert [(f.request_id, f.status) for f in rig.finals] == [(rid, RequestStatus.FINISHED_ERROR)]
+    errors = [m for level, m in rig.logger.lines if level == "error"]
+    assert len(errors) == 1 and "frame failed: InjectedFaultError" in errors[0]
+    assert "engine_loop.py:" in errors[0]
+
+
+def test_nan_chunk_fault_poisons_the_handed_off_chunk() -> None:
+    rig = Rig(FakeEngine(), fault_injection="nan_chunk")
+    rig.run_frame(99.9)
+    ((actions, _, _),) = rig.publisher.handed
+    assert np.isnan(actions).sum() == 1
+
+
+@pytest.mark.parametrize(
+    ("stamp", "data", "reason"),
+    [
+        (97.5, None, "frame_stale"),  # 2.5 s old, max_chunk_age_s 2
+        (100.75, None, "frame_future_stamp"),  # 0.75 s ahead, tolerance 0.5
+        (0.0, b"\x00\x01garbage", "frame_undecodable"),
+    ],
+)
+def test_rejected_frames_never_reach_the_engine_and_requests_wait(stamp, data, reason) -> None:
+    engine = FakeEngine()
+    rig = Rig(engine)
+    (rid,) = rig.submit(RequestKind.NARRATION)
+    rig.run_frame(stamp, data)
+    assert rig.rejected == [reason]
+    assert engine.steps == [] and rig.publisher.handed == []
+    assert rig.queue.num_queued == 1  # back in the queue for the next good frame
+    # The bad frame is dropped: queued requests alone do not bring it back.
+    assert rig.inbox.take(rig.queue.has_queued, threading.Event(), 0.0) is None
+    rig.run_frame(99.9)  # positive control: a good frame runs them
+    assert engine.steps == [(99.9, [rid])]
+
+
+def test_inbox_keeps_only_the_newest_frame() -> None:
+    inbox = FrameInbox("p")
+    stop = threading.Event()
+    assert inbox.take(lambda: True, stop, 0.0) is None  # no frame yet
+    inbox.put_frame(b"1")
+    inbox.put_frame(b"2")
+    inbox.set_prompt("q")
+    assert inbox.take(lambda: False, stop, 0.0) == (b"2", 2, "q")
+    assert inbox.take(lambda: False, stop, 0.0) is None  # used, nothing queued
+    assert inbox.take(lambda: True, stop, 0.0) == (b"2", 2, "q")  # requests reuse it
+
+
+def test_thread_runs_frames_from_the_inbox_and_stops() -> None:
+    engine = FakeEngine()
+    rig = Rig(engine)
+    rig.loop.start()
+    try:
+        rig.inbox.put_frame(frame_bytes(99.9))
+        assert engine.stepped.wait(5.0)
+        assert rig.loop.state == "ready"
+    finally:
+        rig.loop.stop()
+    assert rig.loop.join(5.0)
+    assert [s for s, _ in engine.steps] == [99.9]
+
+
+def test_engine_that_fails_to_build_marks_the_loop_failed() -> None:
+    def broken():
+        raise OSError("no checkpoint at /nowhere")
+
+    rig = Rig(FakeEngine(), factory=broken)
+    rig.loop.start()
+    assert rig.loop.join(5.0)
+    assert rig.loop.state == "failed"
+    assert (
+        "fatal",
+        "engine failed to start: OSError: no checkpoint at /nowhere",
+    ) in rig.logger.lines
