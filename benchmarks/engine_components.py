@@ -1,9 +1,9 @@
 """Times the engine's model functions on a preset and prints JSON (not collected by pytest).
 
 Median wall-clock seconds over `--runs` calls after one warm-up (compilation) call, device
-work waited for: prefix prefill, action denoising, language tail extend, one decode step
-(all slots active), a whole shared-prefix frame with two language requests, and the real
-pi0.5 preset's parameter count from shapes only.
+work waited for: prefix prefill, action denoising (plain and real-time chunking), language
+tail extend, one decode step (all slots active), a whole shared-prefix frame with two language
+requests, and the real pi0.5 preset's parameter count from shapes only.
 
 Usage (repository root):
     python benchmarks/engine_components.py [--preset tiny] [--runs 10] [--output FILE]
@@ -93,6 +93,7 @@ def measure(preset: str, runs: int) -> dict[str, object]:
         )
         return logits
 
+    previous = np.zeros_like(noise)
     requests = (
         LanguageRequest(RequestKind.NARRATION, max_tokens=16),
         LanguageRequest(RequestKind.MEMORY, max_tokens=16),
@@ -108,6 +109,10 @@ def measure(preset: str, runs: int) -> dict[str, object]:
         "max_seq_len": cache.max_seq_len,
         "prefill_s": _median_s(lambda: model.prefill(inputs), runs),
         "denoise_s": _median_s(lambda: model.denoise(prefix, noise), runs),
+        # Real-time chunking: the same loop plus one VJP per step (a 3-row delay, 5 guided).
+        "denoise_rtc_s": _median_s(
+            lambda: model.denoise_rtc(prefix, noise, previous, 3, 8, 5.0), runs
+        ),
         "denoise_steps": config.model.num_denoise_steps,
         "action_horizon": config.model.action_horizon,
         "extend_s": _median_s(lambda: model.extend(prefix, rows, tails, masks), runs),
