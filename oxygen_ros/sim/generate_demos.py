@@ -14,6 +14,15 @@ closed-loop evaluation compares the model's speech with; the plan's own phase la
 `extra.plan_subtasks`). The episode ends on success (after the tracker's dwell) or at its time
 limit (the last step is the last frame before that); only successes are training data.
 
+Command noise (`--command-noise-rad`, DART: Laskey et al. 2017, "DART: Noise Injection for
+Robust Imitation Learning"): the arm joints are driven to the plan's targets plus
+time-correlated Gaussian noise (an Ornstein-Uhlenbeck process at the control rate, stationary
+standard deviation the given value, time constant `NOISE_TIME_CONSTANT_S`, seeded by the
+episode's seed), while `action` records the plan's clean targets. The arm is then off the
+expert's path in the recorded states and the labels lead back to it: the states a policy
+reaches when it drifts. Grippers are never perturbed. 0 (the default) writes exactly the
+noiseless episode.
+
 The same command (seeds, `--workers`, package versions, machine) writes the same arrays:
 MuJoCo and the EGL renderer are deterministic, and each worker starts a fresh workcell at sim
 time 0 on its own contiguous range of episodes (episodes of one worker follow each other in
@@ -32,6 +41,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from oxygen_ros.sim import robot, tasks
 from oxygen_ros.sim.expert import ScriptedExpert
 from oxygen_ros.sim.recorder import EpisodeWriter, episode_path
@@ -41,6 +52,29 @@ logger = logging.getLogger("oxygen_ros.sim")
 
 CONTROL_HZ = 50.0
 FPS = 10.0
+NOISE_TIME_CONSTANT_S = 0.5  # correlation time of the command noise
+
+
+class CommandNoise:
+    """Ornstein-Uhlenbeck noise on the arm joints (grippers zero), one draw per control tick:
+    n <- a n + sqrt(1 - a^2) sigma xi, a = exp(-dt / tau); starts at 0."""
+
+    def __init__(self, sigma_rad: float, dt: float, seed: int) -> None:
+        if sigma_rad < 0:
+            raise ValueError(f"command noise must be >= 0, got {sigma_rad}")
+        self._sigma = sigma_rad
+        self._decay = float(np.exp(-dt / NOISE_TIME_CONSTANT_S))
+        self._rng = np.random.default_rng(seed)
+        self._arm = np.array([not name.endswith("_gripper") for name in robot.JOINT_NAMES])
+        self._value = np.zeros(len(robot.JOINT_NAMES))
+
+    def sample(self) -> np.ndarray:
+        if self._sigma == 0:
+            return self._value
+        draw = self._rng.standard_normal(len(self._value)) * self._arm
+        scale = np.sqrt(1.0 - self._decay**2) * self._sigma
+        self._value = self._decay * self._value + scale * draw
+        return self._value
 
 
 def generate_episode(
@@ -51,8 +85,10 @@ def generate_episode(
     episode_index: int,
     fps: float = FPS,
     control_hz: float = CONTROL_HZ,
+    command_noise_rad: float = 0.0,
 ) -> bool:
-    """Runs and writes one episode; returns whether it succeeded."""
+    """Runs and writes one episode; returns whether it succeeded (`command_noise_rad`: see
+    the module docstring)."""
     spec = tasks.sample_episode(seed)
     workcell.reset(robot.HOME, spec.objects)
     start = workcell.time
@@ -73,6 +109,7 @@ def generate_episode(
         task_template=spec.template,
         sim_state_size=workcell.physics_state().shape[0],
     )
+    noise = CommandNoise(command_noise_rad, 1.0 / control_hz, seed)
     plan_labels = []
     succeeded = False
     with writer:
@@ -91,7 +128,7 @@ def generate_episode(
                     sim_state=workcell.physics_state(),
                 )
                 plan_labels.append(plan.subtask(now))
-            workcell.set_targets(target)
+            workcell.set_targets(target + noise.sample())
             workcell.step(1.0 / control_hz)
             if tracker.update(tasks.evaluate(workcell, spec), workcell.time):
                 succeeded = True
@@ -103,12 +140,15 @@ def generate_episode(
                 "control_hz": control_hz,
                 "plan_subtasks": plan_labels,
                 "instabilities": workcell.instabilities,
+                "command_noise_rad": command_noise_rad,
             },
         )
     return succeeded
 
 
-def _generate_range(out: Path, seed_start: int, first: int, count: int) -> dict[int, bool]:
+def _generate_range(
+    out: Path, seed_start: int, first: int, count: int, command_noise_rad: float = 0.0
+) -> dict[int, bool]:
     """Episodes first .. first + count - 1 (seeds seed_start + index) in one fresh workcell."""
     workcell = Workcell(WorkcellConfig())
     expert = ScriptedExpert(workcell.model)
@@ -117,7 +157,12 @@ def _generate_range(out: Path, seed_start: int, first: int, count: int) -> dict[
         for index in range(first, first + count):
             seed = seed_start + index
             results[seed] = generate_episode(
-                workcell, expert, seed, episode_path(out, index), index
+                workcell,
+                expert,
+                seed,
+                episode_path(out, index),
+                index,
+                command_noise_rad=command_noise_rad,
             )
             logger.info("episode %d (seed %d): success=%s", index, seed, results[seed])
     finally:
@@ -142,7 +187,9 @@ def split_range(episodes: int, workers: int) -> list[tuple[int, int]]:
     return ranges
 
 
-def generate(out: Path, episodes: int, seed_start: int, workers: int = 1) -> dict:
+def generate(
+    out: Path, episodes: int, seed_start: int, workers: int = 1, command_noise_rad: float = 0.0
+) -> dict:
     """Writes episodes seed_start .. seed_start + episodes - 1 into `out` (indices 0..), split
     into `workers` contiguous ranges, each run by its own process with its own workcell."""
     if episodes < 1 or workers < 1:
@@ -152,14 +199,16 @@ def generate(out: Path, episodes: int, seed_start: int, workers: int = 1) -> dic
     ranges = split_range(episodes, workers)
     results: dict[int, bool] = {}
     if len(ranges) == 1:
-        results = _generate_range(out, seed_start, *ranges[0])
+        results = _generate_range(out, seed_start, *ranges[0], command_noise_rad)
     else:
         # spawn: each worker starts its own MuJoCo / EGL context, nothing inherited.
         context = multiprocessing.get_context("spawn")
         level = logging.getLogger().getEffectiveLevel()
         with context.Pool(len(ranges), _log_to_stderr, (level,)) as pool:
             parts = [
-                pool.apply_async(_generate_range, (out, seed_start, first, count))
+                pool.apply_async(
+                    _generate_range, (out, seed_start, first, count, command_noise_rad)
+                )
                 for first, count in ranges
             ]
             for part in parts:
@@ -168,6 +217,7 @@ def generate(out: Path, episodes: int, seed_start: int, workers: int = 1) -> dic
         "episodes": episodes,
         "seed_start": seed_start,
         "workers": workers,
+        "command_noise_rad": command_noise_rad,
         "succeeded": sum(results.values()),
         "failed_seeds": sorted(s for s, ok in results.items() if not ok),
         "wall_s": time.monotonic() - started,
@@ -186,9 +236,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--workers", type=int, default=1, help="processes, each with its own workcell"
     )
+    parser.add_argument(
+        "--command-noise-rad",
+        type=float,
+        default=0.0,
+        help="DART: std of correlated noise added to the executed arm targets (labels stay clean)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    summary = generate(Path(args.out), args.episodes, args.seed_start, args.workers)
+    summary = generate(
+        Path(args.out), args.episodes, args.seed_start, args.workers, args.command_noise_rad
+    )
     print(
         f"generated {summary['succeeded']}/{summary['episodes']} successful episodes "
         f"in {summary['wall_s']:.0f} s (seeds {args.seed_start}.."

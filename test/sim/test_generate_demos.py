@@ -8,7 +8,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from oxygen_ros.sim import generate_demos, tasks
+from oxygen_ros.sim import generate_demos, robot, tasks
 from oxygen_ros.sim.expert import ScriptedExpert
 from oxygen_ros.sim.recorder import episode_path, read_episode
 from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
@@ -93,3 +93,42 @@ def test_two_workers_write_what_a_fresh_workcell_writes_per_seed(tmp_path) -> No
     for camera in pooled.camera_names:
         np.testing.assert_array_equal(pooled.images[camera], single.images[camera], camera)
     assert read_episode(episode_path(tmp_path / "pool", 0)).seed == SEED
+
+
+def test_command_noise_is_correlated_seeded_and_leaves_the_grippers_alone() -> None:
+    dt = 1.0 / generate_demos.CONTROL_HZ
+    draws = [generate_demos.CommandNoise(0.05, dt, seed=7) for _ in range(2)]
+    first = np.array([draws[0].sample().copy() for _ in range(20000)])
+    again = np.array([draws[1].sample().copy() for _ in range(20000)])
+    np.testing.assert_array_equal(first, again)  # seeded
+    grippers = [i for i, name in enumerate(robot.JOINT_NAMES) if name.endswith("_gripper")]
+    assert not first[:, grippers].any()
+    arm = np.delete(first, grippers, axis=1)
+    assert 0.04 < arm[5000:].std() < 0.06  # the stationary standard deviation
+    # Correlated over NOISE_TIME_CONSTANT_S: a tick moves it by sqrt(1 - a^2) sigma (std).
+    decay = np.exp(-dt / generate_demos.NOISE_TIME_CONSTANT_S)
+    step = np.diff(arm, axis=0).std()
+    assert 0.9 < step / (0.05 * np.sqrt(1 - decay**2)) < 1.1
+    zero = generate_demos.CommandNoise(0.0, dt, seed=7)
+    assert not any(zero.sample().any() for _ in range(10))
+
+
+def test_command_noise_moves_the_arm_but_records_the_clean_plan(tmp_path) -> None:
+    """DART: the same seed with and without noise (fresh workcells, so the same plan): the
+    recorded targets agree where both episodes run, the recorded joint states do not."""
+    episodes = []
+    for noise in (0.0, 0.03):
+        cell = Workcell(WorkcellConfig())
+        try:
+            path = episode_path(tmp_path / str(noise), 0)
+            generate_demos.generate_episode(
+                cell, ScriptedExpert(cell.model), SEED, path, 0, command_noise_rad=noise
+            )
+        finally:
+            cell.close()
+        episodes.append(read_episode(path))
+    clean, noisy = episodes
+    n = min(len(clean.action), len(noisy.action))
+    np.testing.assert_array_equal(noisy.action[:n], clean.action[:n])
+    assert np.abs(noisy.qpos[:n] - clean.qpos[:n]).max() > 0.01  # the noise took effect
+    assert noisy.extra["command_noise_rad"] == 0.03
