@@ -2,10 +2,8 @@
 
 The node holds parameters, publishers, subscriptions, services and timers, and wires three
 units together, one job each:
-- `engine_loop.EngineLoop`, the engine thread: newest ObservationFrame (or, with
-  `frame_pickup: on_arrival`, the next one to arrive when the newest has waited too long) +
-  queued language requests -> `Engine.step`; its `on_actions` hands the chunk over the moment
-  it is denoised;
+- `engine_loop.EngineLoop`, the engine thread: newest ObservationFrame + queued language
+  requests -> `Engine.step`; its `on_actions` hands the chunk over the moment it is denoised;
 - `action_publisher.ActionPublisher`, the action publisher thread (SCHED_FIFO when
   `action_thread_priority` > 0 and permitted): a new chunk at once (`TRIGGER_NEW_CHUNK`), then
   ticks at `action_rate_hz` on absolute deadlines (`TRIGGER_TICK`, a late tick is skipped),
@@ -130,9 +128,7 @@ class InferenceNode(Node):
         clock = lambda: now_s(self)  # noqa: E731  (the node's ROS clock: observation stamps)
         self._queue = LanguageQueue(p["max_pending_requests"])
         self._book = RequestBook(self._queue, self._send_speech, clock)
-        self._inbox = FrameInbox(
-            self._clean_instruction(p["default_instruction"]) or "", clock=clock
-        )
+        self._inbox = FrameInbox(self._clean_instruction(p["default_instruction"]) or "")
         self._publisher = ActionPublisher(
             stream_config,
             model.action_horizon,
@@ -256,8 +252,8 @@ class InferenceNode(Node):
         return self.params[name] or 1.0
 
     def _on_params(self, changed: dict) -> None:
-        # action_rate_hz, watchdog_*, stats_window_s, max_chunk_age_s, frame_pickup* and
-        # fault_injection are read live by the units.
+        # action_rate_hz, watchdog_*, stats_window_s, max_chunk_age_s and fault_injection are
+        # read live by the units.
         if "action_rate_hz" in changed:
             self.get_logger().info(f"action_rate_hz -> {changed['action_rate_hz']:g}")
         for name, timer in (
