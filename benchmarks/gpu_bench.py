@@ -4,19 +4,17 @@ What runs (only where JAX has a GPU or TPU backend; elsewhere one line and exit 
 - the `pi05` preset (openpi `gemma_2b` + `gemma_300m` + SigLIP So400m/14, 3 cameras at 224 px,
   prefix 968 tokens, horizon 50), randomly initialised, parameters and compute in bfloat16
   (the preset's `param_dtype` and `dtype`);
-- the full 257,152-row language head: oxygen_bench builds a randomly initialised pi05 engine
-  with openpi's cached PaliGemma tokenizer when there is one, else with the bundled 640-piece
-  model, and the engine cuts the head to the tokenizer's vocabulary. Without PaliGemma's file
-  (`$OPENPI_DATA_HOME/big_vision/paligemma_tokenizer.model`) this script writes the bundled
-  model padded with unused pieces to 257,152 into a temporary OPENPI_DATA_HOME, so every
-  decode step pays the real head (`--vocab tokenizer` keeps the cut head);
-- oxygen_bench's own functions (`benchmarks/oxygen_bench.py`, loaded by path): its component
-  times (`measure_components`: prefill, denoise, extend, decode step per batch size, action-only
-  frames), its engines per method (`make_engine`), its interleaved run (`run_group`) and its
-  metrics (`summarize`, `add_speedups`), for N=10 denoise steps, M=30 tokens per request, one
-  request per frame (`u1`) and the methods isolated / shared_kv / cb_k5 (continuous, k=5) /
-  deadline (budget `--deadline-factor` x p90 action-only frame), plus `deadline_143ms`
-  (deadline mode with the budget 10 / 70 s, oxygen_bench's Setting with that budget);
+- the full 257,152-row language head (oxygen_bench `--vocab full`: openpi's cached PaliGemma
+  tokenizer when there is one, else the bundled 640-piece model padded with unused pieces to
+  257,152, `full_vocab.py`), so every decode step pays the real head (`--vocab tokenizer`
+  keeps the head cut to the tokenizer's vocabulary);
+- oxygen_bench's own run (`benchmarks/oxygen_bench.py`, loaded by path): its `Bench` (model,
+  machine peaks, component times with their roofline at each method's shapes, engines at the
+  shapes a user would run each method with: isolated at batch 1), its interleaved run and
+  metrics (`run_settings`, `add_speedups`: the headline speedup is wall time), for N=10
+  denoise steps, M=30 tokens per request, one request per frame (`u1`) and the methods
+  isolated / shared_kv / cb_k5 (continuous, k=5) / deadline (budget `--deadline-factor` x
+  p90 action-only frame), plus `deadline_143ms` (deadline mode with the budget 10 / 70 s);
 - "the 70 Hz question": can horizon-10 chunks come every 10 / 70 s = 142.9 ms (10 actions at
   70 Hz) with language running? Frames run back to back, so the next chunk comes one whole
   frame after the last one: the answer (`chunk_every_143ms`) is whether cb_k5's p99 frame
@@ -40,7 +38,6 @@ Usage (repository root): benchmarks/gpu [--frames 100] [--out FILE]
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import json
 import os
@@ -70,19 +67,6 @@ METHODS = ("isolated", "shared_kv", "cb_k5", "deadline")  # oxygen_bench method 
 HEADLINE_METHOD = "cb_k5"
 DEADLINE_PERIOD = "deadline_143ms"  # deadline mode, budget PERIOD_S
 ARRIVAL = "u1"  # one request per frame
-PAD_PIECE = "<oxygen_pad_{}>"
-# What oxygen_bench (as of this script) cannot do for the paper's exact setting.
-OXYGEN_BENCH_GAPS = (
-    "no tokenizer option: a randomly initialised pi05 engine uses the bundled 640-piece "
-    "tokenizer unless PaliGemma's is cached, and the engine then cuts the language head to "
-    "640 rows (this script pads a tokenizer to 257,152 pieces through OPENPI_DATA_HOME)",
-    "per-frame action-path times are not in its results (only timings_ms_mean): the p99 of "
-    "FrameTimings.action_s is computed here from its Runner frames",
-    "the deadline budget is only factor x measured p90 action-only frame, no fixed budget "
-    "such as 10/70 s (this script passes that budget to make_engine itself)",
-    "main() is one function: settings, models and components are not reusable without "
-    "repeating its loop (this script repeats it for one grid point)",
-)
 
 
 # ------------------------------------------------------------------------------------------
@@ -126,48 +110,6 @@ def not_run(backend: str, out: pathlib.Path | None) -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# Full-vocabulary tokenizer for a randomly initialised pi05 engine.
-
-
-def padded_tokenizer_proto(base: pathlib.Path, size: int) -> bytes:
-    """`base` SentencePiece model with user-defined pieces appended up to `size` pieces.
-
-    The new pieces (`<oxygen_pad_i>`) never occur in prompts, so encoding is unchanged; they
-    decode to their own text, so sampled ids beyond the base vocabulary detokenise.
-    """
-    from sentencepiece import sentencepiece_model_pb2 as model_pb2
-
-    proto = model_pb2.ModelProto()
-    proto.ParseFromString(base.read_bytes())
-    user_defined = model_pb2.ModelProto.SentencePiece.USER_DEFINED
-    for i in range(size - len(proto.pieces)):
-        piece = proto.pieces.add()
-        piece.piece, piece.score, piece.type = PAD_PIECE.format(i), 0.0, user_defined
-    return proto.SerializeToString()
-
-
-def full_vocab_tokenizer(workdir: pathlib.Path) -> tuple[pathlib.Path, str]:
-    """Makes randomly initialised engines (no tokenizer_path) read a 257,152-piece tokenizer.
-
-    PaliGemma's own file wins where openpi cached it; otherwise the bundled model padded to
-    257,152 pieces is written under `workdir` and OPENPI_DATA_HOME pointed there (read by
-    `default_tokenizer_path` when an engine is built). Returns (path, kind).
-    """
-    from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, default_tokenizer_path
-    from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH
-
-    real = default_tokenizer_path()
-    if real.is_file():
-        return real, "paligemma"
-    path = workdir / "big_vision" / "paligemma_tokenizer.model"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(padded_tokenizer_proto(BUNDLED_TOKENIZER_PATH, PALIGEMMA_VOCAB_SIZE))
-    os.environ["OPENPI_DATA_HOME"] = str(workdir)
-    assert default_tokenizer_path() == path
-    return path, "bundled_padded"
-
-
-# ------------------------------------------------------------------------------------------
 # The run, through oxygen_bench's functions.
 
 
@@ -203,14 +145,13 @@ def period_stats(runner: object) -> dict[str, object]:
     }
 
 
-def run(args: argparse.Namespace, preset: str, tokenizer: tuple[str, str]) -> dict[str, object]:
+def run(args: argparse.Namespace, preset: str, workdir: pathlib.Path) -> dict[str, object]:
     """One grid point (N, M, u1) of oxygen_bench, every method interleaved; the document."""
-    from oxygen_ros.engine.config import get_model_config
-    from oxygen_ros.engine.model import create_model, param_count
+    from oxygen_ros.engine.model import param_count
 
     ob = load_oxygen_bench()
-    started = time.perf_counter()
     n, m = args.denoise_steps, args.max_tokens
+    vocab = "tokenizer" if preset == "tiny" else args.vocab  # the smoke keeps its small head
     ob_args = ob.parse_args(
         [
             "--preset", preset,
@@ -218,6 +159,7 @@ def run(args: argparse.Namespace, preset: str, tokenizer: tuple[str, str]) -> di
             "--denoise-steps", str(n),
             "--max-tokens", str(m),
             "--arrivals", ARRIVAL,
+            "--vocab", vocab,
             "--frames", str(args.frames),
             "--warmup-frames", str(args.warmup_frames),
             "--component-runs", str(args.component_runs),
@@ -227,52 +169,38 @@ def run(args: argparse.Namespace, preset: str, tokenizer: tuple[str, str]) -> di
             "--seed", str(args.seed),
         ]
     )  # fmt: skip
-
-    def log(message: str) -> None:
-        print(f"[{time.perf_counter() - started:6.1f} s] {message}", file=sys.stderr, flush=True)
-
-    model_config = dataclasses.replace(get_model_config(preset), num_denoise_steps=n)
-    model = create_model(model_config, args.seed)
+    bench = ob.Bench(ob_args, workdir)
+    model = bench.model(n)
+    model_config = model.config
     num_params = param_count(model)
-    log(f"{preset}: {num_params / 1e6:.0f}M parameters, {model_config.param_dtype} weights")
-    probe = ob.make_engine(preset, model, ob.Setting("isolated", n, 1, ARRIVAL), ob_args, 1.0)
+    bench.log(f"{preset}: {num_params / 1e6:.0f}M parameters, {model_config.param_dtype} weights")
+    tokenizer_kind = bench.tokenizer(vocab)[1]
+    probe = bench.engine(ob.Setting("isolated", n, 1, ARRIVAL, vocab), 1.0, None)
     head_rows = probe.model.vocab_size
     tokenizer_path, tokenizer_vocab = str(probe.tokenizer.path), probe.tokenizer.vocab_size
-    components = ob.measure_components(probe, args.seed, args.component_runs)
     del probe
-    budget_s = args.deadline_factor * float(components["action_frame_p90_s"])
-    log(
-        f"components: prefill {1e3 * float(components['prefill_s']):.1f} ms, denoise "
-        f"{1e3 * float(components['denoise_s']):.1f} ms, decode step (1 row) "
-        f"{1e3 * float(components['decode_step_s'][1]):.2f} ms, deadline budget "
-        f"{1e3 * budget_s:.1f} ms"
-    )
+    budget_s = bench.budget(n, vocab)
 
     names = list(METHODS)
-    settings = [ob.Setting(method, n, m, ARRIVAL) for method in METHODS]
+    settings = [ob.Setting(method, n, m, ARRIVAL, vocab) for method in METHODS]
     budgets = [budget_s] * len(settings)
     if not args.no_deadline_143ms:
         names.append(DEADLINE_PERIOD)
-        settings.append(ob.Setting("deadline", n, m, ARRIVAL))
+        settings.append(ob.Setting("deadline", n, m, ARRIVAL, vocab))
         budgets.append(PERIOD_S)
-    engines = [
-        ob.make_engine(preset, model, s, ob_args, b)
-        for s, b in zip(settings, budgets, strict=True)
-    ]
-    runners, peak_rss = ob.run_group(settings, engines, ob_args)
-    results = []
-    for name, setting, runner, budget in zip(names, settings, runners, budgets, strict=True):
-        result = ob.summarize(setting, runner, components, budget, peak_rss)
+    results, runners = bench.run_settings(settings, budgets)
+    for name, result, runner in zip(names, results, runners, strict=True):
         result["method"] = name
-        result["label"] = ob.Setting(name, n, m, ARRIVAL).label
+        result["label"] = ob.Setting(name, n, m, ARRIVAL, vocab).label
         result.update(period_stats(runner))
-        results.append(result)
-        log(
+        bench.log(
             f"{result['label']}: frame p99 {result['frame_ms_p99']:.1f} ms, action path p99 "
             f"{result['action_path_ms_p99']:.1f} ms, {result['tokens_per_s']:.0f} tok/s"
         )
     ob.add_speedups(results)
-    del engines, runners
+    del runners
+    components = bench.components_document()
+    started = bench.started
 
     headline = next(r for r in results if r["method"] == HEADLINE_METHOD)
     period = next((r for r in results if r["method"] == DEADLINE_PERIOD), None)
@@ -297,7 +225,7 @@ def run(args: argparse.Namespace, preset: str, tokenizer: tuple[str, str]) -> di
             "lm_head_rows": head_rows if head_rows is not None else "all",
             "tokenizer": tokenizer_path,
             "tokenizer_vocab": tokenizer_vocab,
-            "tokenizer_kind": tokenizer[1],
+            "tokenizer_kind": tokenizer_kind,
         },
         "setting": {
             "denoise_steps": n,
@@ -312,6 +240,7 @@ def run(args: argparse.Namespace, preset: str, tokenizer: tuple[str, str]) -> di
             "deadline_budget_ms": 1e3 * budget_s,
             "seed": args.seed,
         },
+        "machine_peaks": bench.peaks,
         "components": components,
         "results": results,
         "headline": {
@@ -319,6 +248,7 @@ def run(args: argparse.Namespace, preset: str, tokenizer: tuple[str, str]) -> di
             "action_hz": headline["action_hz"],
             "tokens_per_s": headline["tokens_per_s"],
             "speedup_vs_isolated": headline["speedup"],
+            "speedup_steady_vs_isolated": headline["speedup_steady"],
             "act_speedup_vs_isolated": headline["act_speedup"],
         },
         "seventy_hz": {
@@ -343,9 +273,8 @@ def run(args: argparse.Namespace, preset: str, tokenizer: tuple[str, str]) -> di
             "action_path_ms_p99": "p99 of FrameTimings.action_s: step start -> actions handed "
             "off (observation -> chunk latency) with language running in the same loop",
             "action_hz": "action horizon / mean frame time (oxygen_bench)",
-            "speedup": "e2e_s(isolated) / e2e_s(method) (oxygen_bench)",
+            **ob.DEFINITIONS,
         },
-        "oxygen_bench_gaps": list(OXYGEN_BENCH_GAPS),
         "wall_s": time.perf_counter() - started,
     }
 
@@ -479,11 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.ERROR)
     preset = "tiny" if args.force_cpu_smoke else "pi05"
     with tempfile.TemporaryDirectory(prefix="gpu_bench_") as workdir:
-        tokenizer = ("", "oxygen_bench default")
-        if args.vocab == "full" and preset == "pi05":  # tiny: oxygen_bench fixes the bundled
-            path, kind = full_vocab_tokenizer(pathlib.Path(workdir))
-            tokenizer = (str(path), kind)
-        document = run(args, preset, tokenizer)
+        document = run(args, preset, pathlib.Path(workdir))
     json_path = args.out or BENCH_DIR / "results" / f"gpu_bench_{preset}.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(document, indent=2) + "\n")

@@ -4,14 +4,18 @@ What runs: a stream of control frames, each with a fresh observation (same image
 state, so every frame has its own prefix), and language requests arriving by frame index.
 Frames run back to back (closed loop, no pacing), so every number is a capacity, not a rate
 the robot asked for. Methods = the engine's `config.scheduler` (one engine per setting, all
-sharing one model per N; requests are passed to `Engine.step`, which adds them first):
+sharing one model per N; requests are passed to `Engine.step`, which adds them first), each at
+the cache shapes a user would run it with (`method_cache`):
 - `isolated` (mode isolated): a prefix prefill for the actions and another for each
   request, each request decoded alone to its last token inside the frame it arrived in
-  (what openpi would do for several tasks);
+  (what openpi would do for several tasks), on its own engine with batch-1 shapes: one cache
+  slot, a one-row tail extend and decode step, one stored prefix;
 - `shared_kv` (mode shared_kv): one prefill shared by the actions and every request of the
-  frame, all requests decoded to completion inside that frame (OxyGen's cross-task sharing);
+  frame, all requests decoded to completion inside that frame (OxyGen's cross-task sharing),
+  with as many slots as the most requests one frame of the setting brings, one stored prefix;
 - `cb_k{1,5,10}` (mode continuous, policy fixed): continuous batching, k batched decode steps
-  per frame; unfinished requests keep decoding in later frames from their own frame's prefix;
+  per frame; unfinished requests keep decoding in later frames from their own frame's prefix
+  (`--slots` slots, `--prefixes` stored prefixes);
 - `deadline` (mode continuous, policy deadline): continuous batching where the scheduler
   picks the decode steps so the frame stays within a budget = `--deadline-factor` x the
   measured action-only frame time (p90 of `Engine.step` without requests: prefill + denoise
@@ -19,9 +23,14 @@ sharing one model per N; requests are passed to `Engine.step`, which adds them f
   a frame under a budget its mandatory work already exceeds); the action rate that budget
   serves (horizon / budget) is recorded as `budget_action_hz`, and the action-only frames'
   own p99 / budget as `mandatory_p99_over_budget` (the floor under `p99_over_budget`).
+- `isolated_cb_shapes` (not in the default grid): isolated at the continuous shapes, the
+  baseline this benchmark used before; it shows how much that inflated every speedup.
 Grid: denoise steps N in {5, 10}; max tokens M in {10, 30}; arrivals uniform 0.5/1/2 requests
 per frame (`u0.5`, `u1`, `u2`), Poisson with mean 1 (`poisson`), and `mixed` (one per frame,
-lengths drawn from {5, 20}; M is then "5|20"). Every request decodes exactly its max tokens
+lengths drawn from {5, 20}; M is then "5|20"); language head (`--vocab`) `tokenizer` (the
+tokenizer's rows: 640 for the tiny preset's bundled tokenizer) and `full` (257,152 rows, what
+PaliGemma's tokenizer gives the real model: `full_vocab.py` pads the bundled tokenizer when
+PaliGemma's is not cached), both in the full grid. Every request decodes exactly its max tokens
 (EOS disabled for benchmark requests), greedy, so all methods do the same language work.
 
 Settings that share N, M and arrivals run interleaved, one frame of each method in turn, so
@@ -44,25 +53,29 @@ Metrics:
   engine's counter, `oxygen_ros.engine.compiles`: JAX's backend-compile monitoring event);
 - peak_rss_mb: peak resident memory of this process while the setting's interleaved group
   ran (psutil, sampled after every frame); cache_mb: the engine's fixed language cache;
-- e2e_s: time to serve the measured frames' action chunks and every request that arrived in
-  them, to its last token: the measured frames' wall time plus the language time
-  (`FrameTimings.language_s`) of the drain frames after them (a drain frame's prefill and
-  denoise make an action chunk beyond the window: a robot keeps running). In steady state
-  this is the long-run serving time of the window's work; `e2e_wall_s` (a finite burst:
-  drain frames charged in full) and `burst_speedup` are recorded too.
-  speedup = e2e_s(isolated) / e2e_s(method) for the same N, M and arrivals: OxyGen's
-  end-to-end speedup for the same action frames + language requests. `act_speedup`
-  (action_hz ratio, the paper's action-frequency speedup) is recorded next to it.
-- bound: for the very schedule each method executed (prefills, extends, decode steps and their
-  batch sizes per frame), the sum of the component times measured alone (fastest prefill,
-  denoise, extend, decode step at each active batch size): the time with zero host overhead.
-  bound_action_hz / bound_tokens_per_s are the measured window's work over that time.
-  gap = e2e_s / bound_e2e_s (1.0 = at the limit).
+- e2e_wall_s: wall time to serve the measured frames' action chunks and every request that
+  arrived in them, to its last token: the measured frames plus the drain frames after them,
+  charged in full (what a robot lives through). speedup (the headline) = e2e_wall_s(isolated)
+  / e2e_wall_s(method) for the same N, M, arrivals and head.
+- e2e_s (steady state): the same, but drain frames charged only their language time
+  (`FrameTimings.language_s`): a drain frame's prefill and denoise make an action chunk
+  beyond the window, which a robot that keeps running would use. speedup_steady =
+  e2e_s(isolated) / e2e_s(method) is reported beside the headline. `act_speedup` (action_hz
+  ratio, the paper's action-frequency speedup) is recorded too.
+- bound: for the very schedule each method executed (prefills, extends and their widths,
+  decode steps and their batch sizes per frame), the sum of the component times measured
+  alone at the method's own shapes (fastest prefill, denoise, extend per width, decode step
+  at each active batch size): the time with zero host overhead. bound_action_hz /
+  bound_tokens_per_s are the measured window's work over that time. gap = e2e_s /
+  bound_e2e_s (1.0 = at the limit).
+- roofline (per component, in `components`): XLA's FLOPs and bytes of each compiled function
+  and the fraction of this machine's roofline it reaches (`roofline.py`; peaks probed at the
+  start of the run).
 
 Outputs: JSON (`--out`, default benchmarks/results/), a printed table, a PNG of action
 frequency vs tokens/s per method. Quick mode (tiny preset, N=10, M=30, one arrival per frame,
-isolated / shared_kv / cb_k5 / deadline) ends with the line `speedup_vs_isolated=<x>`
-(cb_k5 vs isolated).
+the tokenizer's head, isolated / shared_kv / cb_k5 / deadline) ends with the line
+`speedup_vs_isolated=<x>` (cb_k5 vs isolated, wall time).
 
 Usage (repository root, after `bash scripts/setup.sh && source scripts/env.sh`):
     python benchmarks/oxygen_bench.py --quick          # or: benchmarks/quick
@@ -84,6 +97,7 @@ import platform
 import resource
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 
@@ -91,13 +105,22 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".build" / "jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # roofline, full_vocab (benchmarks/ is no package)
 
+import full_vocab  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
+import roofline  # noqa: E402
 
 from oxygen_ros.engine import compiles, prompts  # noqa: E402
-from oxygen_ros.engine.config import ModelConfig, get_engine_config, get_model_config  # noqa: E402
+from oxygen_ros.engine.config import (  # noqa: E402
+    PALIGEMMA_VOCAB_SIZE,
+    CacheConfig,
+    ModelConfig,
+    get_engine_config,
+    get_model_config,
+)
 from oxygen_ros.engine.engine import Engine  # noqa: E402
 from oxygen_ros.engine.kv_cache import write_tail_rows  # noqa: E402
 from oxygen_ros.engine.model import Pi05Model, create_model  # noqa: E402
@@ -110,6 +133,10 @@ from oxygen_ros.engine.types import (  # noqa: E402
 )
 
 METHODS = ("isolated", "shared_kv", "cb_k1", "cb_k5", "cb_k10", "deadline")
+# Not in the default grid: isolated on the continuous engines' shapes (`--slots` rows per decode
+# step and extend), the baseline this benchmark used before; shows how much it inflated speedups.
+EXTRA_METHODS = ("isolated_cb_shapes",)
+VOCABS = ("tokenizer", "full")  # language head: the tokenizer's rows, or all 257,152
 ARRIVALS = ("u0.5", "u1", "u2", "poisson", "mixed")
 MIXED_LENGTHS = (5, 20)
 COMPLETED = ("FINISHED_STOPPED", "FINISHED_LENGTH")  # statuses counted in latency
@@ -117,6 +144,7 @@ REQUEST_KIND = RequestKind.NARRATION
 ACTION_FRAME_WARMUP = 3  # action-only frames run and dropped before measuring the budget base
 ACTION_FRAME_RUNS = 20
 HEADLINE = {"method": "cb_k5", "denoise_steps": 10, "max_tokens": 30, "arrival": "u1"}
+TABLE_WIDTH = 99
 
 # ------------------------------------------------------------------------------------------
 # Memory.
@@ -139,15 +167,17 @@ def max_rss_mb() -> float:
 class Setting:
     """One grid point."""
 
-    method: str  # one of METHODS
+    method: str  # one of METHODS or EXTRA_METHODS
     denoise_steps: int  # N
     max_tokens: int | None  # M; None for `mixed` (lengths from MIXED_LENGTHS)
     arrival: str  # one of ARRIVALS
+    vocab: str = "tokenizer"  # one of VOCABS: rows of the language head
 
     @property
     def label(self) -> str:
         m = "5|20" if self.max_tokens is None else str(self.max_tokens)
-        return f"{self.method} N={self.denoise_steps} M={m} {self.arrival}"
+        head = " full-head" if self.vocab == "full" else ""
+        return f"{self.method} N={self.denoise_steps} M={m} {self.arrival}{head}"
 
 
 def arrival_schedule(
@@ -198,8 +228,10 @@ def make_observation(config_model: ModelConfig, frame: int, seed: int) -> Observ
 def scheduler_overrides(setting: Setting, budget_s: float, max_waiting: int) -> dict[str, object]:
     """`SchedulerConfig` fields that make an engine run `setting.method`."""
     overrides: dict[str, object] = {"max_waiting": max_waiting}
-    if setting.method in ("isolated", "shared_kv"):  # both always decode to completion
-        return {**overrides, "mode": setting.method}
+    if setting.method in ("isolated", "isolated_cb_shapes"):  # decode to completion
+        return {**overrides, "mode": "isolated"}
+    if setting.method == "shared_kv":  # also decodes to completion
+        return {**overrides, "mode": "shared_kv"}
     overrides["mode"] = "continuous"
     if setting.method == "deadline":
         return {**overrides, "policy": "deadline", "frame_deadline_s": budget_s}
@@ -207,11 +239,59 @@ def scheduler_overrides(setting: Setting, budget_s: float, max_waiting: int) -> 
     return {**overrides, "policy": "fixed", "decode_steps_per_frame": k}
 
 
+def method_cache(
+    preset: str, setting: Setting, args: argparse.Namespace, schedule: Sequence[Sequence[int]]
+) -> CacheConfig:
+    """The cache shapes each method runs at, as a user would run it.
+
+    `isolated` is openpi's way: one request at a time, so batch-1 shapes (one slot, a one-row
+    tail extend, one stored prefix). `shared_kv` decodes every request of a frame together
+    from that frame's prefix: as many slots as the most requests one frame of `schedule`
+    brings, one stored prefix. Continuous batching keeps requests across frames: `--slots`
+    slots and `--prefixes` stored prefixes. `isolated_cb_shapes` is isolated at those shapes.
+    """
+    base = get_engine_config(preset).cache
+    if setting.method == "isolated":
+        return dataclasses.replace(base, num_slots=1, num_prefixes=1)
+    if setting.method == "shared_kv":
+        most = max((len(frame) for frame in schedule), default=1)
+        return dataclasses.replace(base, num_slots=max(most, 1), num_prefixes=1)
+    return dataclasses.replace(base, num_slots=args.slots, num_prefixes=args.prefixes)
+
+
+def bench_tokenizer(preset: str, vocab: str, workdir: pathlib.Path) -> tuple[str | None, str]:
+    """The tokenizer an engine of `vocab` reads (its vocabulary is the language head's rows),
+    and what it is.
+
+    `tokenizer`: the tiny preset's bundled 640-piece model; for other presets the engine's own
+    choice (None: PaliGemma's where openpi cached it, else the bundled one for random init).
+    `full`: a 257,152-piece tokenizer (`full_vocab.full_vocab_tokenizer`: PaliGemma's or the
+    bundled one padded).
+    """
+    if vocab == "full":
+        path, kind = full_vocab.full_vocab_tokenizer(workdir)
+        return str(path), kind
+    if vocab != "tokenizer":
+        raise ValueError(f"unknown vocab {vocab!r}; known: {VOCABS}")
+    if preset == "tiny":
+        return str(BUNDLED_TOKENIZER_PATH), "bundled"
+    return None, "engine default"
+
+
 def make_engine(
-    preset: str, model: Pi05Model, setting: Setting, args: argparse.Namespace, budget_s: float
+    preset: str,
+    model: Pi05Model,
+    setting: Setting,
+    args: argparse.Namespace,
+    budget_s: float,
+    *,
+    cache: CacheConfig | None = None,
+    tokenizer_path: str | None = None,
 ) -> Engine:
+    """An engine running `setting.method` at `cache` shapes (default: the continuous ones)."""
     base = get_engine_config(preset)
-    cache = dataclasses.replace(base.cache, num_slots=args.slots, num_prefixes=args.prefixes)
+    if cache is None:
+        cache = dataclasses.replace(base.cache, num_slots=args.slots, num_prefixes=args.prefixes)
     scheduler = scheduler_overrides(setting, budget_s, args.max_waiting)
     overrides: dict[str, object] = {
         "model": model.config,
@@ -220,7 +300,9 @@ def make_engine(
     }
     if args.checkpoint_dir:
         overrides["checkpoint_dir"] = args.checkpoint_dir
-    elif preset == "tiny":
+    if tokenizer_path is not None:
+        overrides["tokenizer_path"] = tokenizer_path
+    elif preset == "tiny" and not args.checkpoint_dir:
         overrides["tokenizer_path"] = str(BUNDLED_TOKENIZER_PATH)
     return Engine(get_engine_config(preset, **overrides), model=model)
 
@@ -247,8 +329,11 @@ def _fastest_s(fn: Callable[[], object], runs: int) -> float:
     return min(times)
 
 
-def measure_components(engine: Engine, seed: int, runs: int) -> dict[str, object]:
-    """Fastest seconds of each model function alone, at this engine's shapes."""
+def measure_components(
+    engine: Engine, seed: int, runs: int, peaks: dict[str, object] | None = None
+) -> dict[str, object]:
+    """Fastest seconds of each model function alone, at this engine's shapes; with `peaks`
+    (`roofline.machine_peaks()`), a `roofline` row per component too."""
     config = engine.config
     model, cache = engine.model, config.cache
     observation = make_observation(config.model, 0, seed)
@@ -280,9 +365,11 @@ def measure_components(engine: Engine, seed: int, runs: int) -> dict[str, object
         state["k"], state["v"], tail_k, tail_v, np.arange(slots, dtype=np.int32)
     )
 
-    def extend_once() -> object:  # the admission's device work: extend + first ids
-        _, _, logits = model.extend(store, rows, tails, masks)
-        return model.sample_tokens(logits, temperature, seeds, seeds)
+    widths = engine.runner.extend_widths
+
+    def extend_once(width: int) -> object:  # an admission's device work: extend + first ids
+        _, _, logits = model.extend(store, rows[:width], tails[:width], masks[:width])
+        return model.sample_tokens(logits, *(x[:width] for x in (temperature, seeds, seeds)))
 
     def decode_once(active: np.ndarray) -> object:  # the engine's fused decode + sample
         sampled, state["k"], state["v"] = model.decode_sample(
@@ -309,15 +396,65 @@ def measure_components(engine: Engine, seed: int, runs: int) -> dict[str, object
     for batch in range(1, slots + 1):
         active = np.arange(slots) < batch
         decode_step_s[batch] = _fastest_s(lambda active=active: decode_once(active), runs)
-    return {
+    components: dict[str, object] = {
+        "num_slots": slots,
+        "num_prefixes": cache.num_prefixes,
+        "lm_head_rows": model.vocab_size or PALIGEMMA_VOCAB_SIZE,
         "prefill_s": _fastest_s(lambda: model.prefill(inputs), runs),
         "denoise_s": _fastest_s(lambda: model.denoise(prefix, noise), runs),
-        "extend_s": _fastest_s(extend_once, runs),
+        # Per extend width (the runner's smallest width holding the requests admitted together).
+        "extend_s": {w: _fastest_s(lambda w=w: extend_once(w), runs) for w in widths},
         "decode_step_s": decode_step_s,
         "action_frame_s": statistics.median(action_frames),
         "action_frame_p90_s": float(np.percentile(action_frames, 90)),
         "action_frame_p99_s": float(np.percentile(action_frames, 99)),
     }
+    if peaks is not None:
+        vocab = model.vocab_size
+        steps = config.model.num_denoise_steps
+        sampling = (temperature, seeds, seeds)
+        decode = model.lower(
+            "decode_sample", store, rows, state["k"], state["v"], gen_len, tokens,
+            np.ones((slots,), bool), *sampling, vocab,
+        )  # fmt: skip
+        extend_s = components["extend_s"]
+        assert isinstance(extend_s, dict)
+
+        def extend_lowered(width: int) -> list[jax.stages.Lowered]:
+            logits = np.zeros((width, vocab or PALIGEMMA_VOCAB_SIZE), np.float32)
+            narrow = (rows[:width], tails[:width], masks[:width])
+            return [
+                model.lower("extend", store, *narrow, vocab),
+                model.lower("sample_tokens", logits, *(x[:width] for x in sampling)),
+            ]
+
+        rows_of = {
+            "prefill": (model.lower("prefill", inputs), components["prefill_s"]),
+            "denoise": (model.lower("denoise", prefix, noise, steps), components["denoise_s"]),
+            **{f"extend_w{w}": (extend_lowered(w), extend_s[w]) for w in widths},
+            # One compiled step serves 1..B active rows at the same cost (fixed shapes).
+            "decode_step_b1": (decode, decode_step_s[1]),
+            f"decode_step_b{slots}": (decode, decode_step_s[slots]),
+        }
+        tail_len = tails.shape[1]
+        embedded = {  # token ids each component embeds (XLA counts the whole table per gather)
+            "prefill": config.model.max_token_len,
+            **{f"extend_w{w}": w * tail_len for w in widths},
+            "decode_step_b1": slots,
+            f"decode_step_b{slots}": slots,
+        }
+        components["roofline"] = {
+            name: roofline.entry(
+                lowered,  # type: ignore[arg-type]
+                float(seconds),  # type: ignore[arg-type]
+                peaks,
+                roofline.embedding_overcount(config.model, embedded[name])
+                if name in embedded
+                else 0.0,
+            )
+            for name, (lowered, seconds) in rows_of.items()
+        }
+    return components
 
 
 # ------------------------------------------------------------------------------------------
@@ -347,6 +484,7 @@ class FrameRecord:
     step_batches: list[int]  # active requests per decode step (reconstructed)
     num_prefills: int
     num_extends: int
+    num_admitted: int  # requests whose first id came this frame (from a tail extend)
     num_decode_steps: int  # from engine stats
     num_compiles: int  # XLA compilations during this engine call
     rss_mb: float
@@ -399,7 +537,7 @@ class Runner:
         self._frame += 1
         after = engine_counters(engine)
         per_request_steps: list[int] = []
-        num_tokens = 0
+        num_tokens = num_admitted = 0
         for output in result.outputs:
             tracked = self.requests.get(output.request_id)
             if tracked is None:
@@ -408,6 +546,7 @@ class Runner:
             if new:
                 # A request's first id comes from the tail extend, the rest from decode steps.
                 per_request_steps.append(new - 1 if tracked.num_tokens == 0 else new)
+                num_admitted += tracked.num_tokens == 0
             tracked.num_tokens += new
             num_tokens += new
             if output.status.finished and tracked.status is None:
@@ -430,6 +569,7 @@ class Runner:
                 step_batches=step_batches,
                 num_prefills=after["num_prefills"] - before["num_prefills"],
                 num_extends=after["num_extends"] - before["num_extends"],
+                num_admitted=num_admitted,
                 num_decode_steps=after["num_decode_steps"] - before["num_decode_steps"],
                 num_compiles=num_compiles,
                 rss_mb=rss_mb(),
@@ -460,7 +600,18 @@ def _bound_frame_s(frame: FrameRecord, components: dict[str, object]) -> float:
     )
     if frame.num_decode_steps > len(frame.step_batches):  # steps the tokens do not show
         decode += (frame.num_decode_steps - len(frame.step_batches)) * steps[1]
-    language = frame.num_extends * float(components["extend_s"]) + decode
+    extend_s = components["extend_s"]
+    assert isinstance(extend_s, dict)
+    widths = sorted(extend_s)
+    extend = 0.0
+    admitted = frame.num_admitted
+    if frame.num_extends >= admitted:  # one request per extend (isolated admits one by one)
+        extend, admitted = admitted * extend_s[widths[0]], 0
+    while admitted > 0:  # the runner's chunks: at most the widest extend each
+        chunk = min(admitted, widths[-1])
+        extend += extend_s[next(w for w in widths if w >= chunk)]
+        admitted -= chunk
+    language = extend + decode
     if frame.phase == "drain":
         return language
     actions = float(components["denoise_s"]) if frame.has_actions else 0.0
@@ -553,6 +704,8 @@ def summarize(
         "e2e_s": e2e_s,
         "e2e_wall_s": sum(frame.wall_s for frame in served),
         "bound_e2e_s": bound_e2e_s,
+        "num_slots": engine.config.cache.num_slots,
+        "num_prefixes": engine.config.cache.num_prefixes,
         "gap": e2e_s / bound_e2e_s if bound_e2e_s > 0 else None,
         "bound_action_hz": horizon * len(measured) / bound_measured_s,
         "bound_tokens_per_s": measured_tokens / bound_measured_s,
@@ -582,30 +735,60 @@ def summarize(
 # ------------------------------------------------------------------------------------------
 # Grid, table, plot.
 
+DEFINITIONS = {
+    "speedup": "headline, wall time: e2e_wall_s(isolated) / e2e_wall_s(method), same N, M, "
+    "arrivals and head (what a robot lives through serving this burst of frames + requests)",
+    "speedup_steady": "steady state: e2e_s(isolated) / e2e_s(method) (drain frames charged "
+    "only their language time: their prefill + denoise make actions beyond the window)",
+    "act_speedup": "action_hz(method) / action_hz(isolated) (OxyGen's frequency ratio)",
+    "isolated": "openpi's way at batch-1 shapes: its own engine with one cache slot, a "
+    "one-row tail extend, one stored prefix; a prefill per task, each request decoded alone",
+    "shared_kv": "one prefill per frame, that frame's requests decoded together to completion; "
+    "slots = the most requests one frame brings",
+    "continuous": "cb_k*, deadline: --slots slots, --prefixes stored prefixes",
+    "isolated_cb_shapes": "isolated at the continuous engines' shapes (the old, inflated "
+    "baseline; not in the default grid)",
+    "vocab": "language head rows: tokenizer = the tokenizer's vocabulary (tiny: 640), "
+    "full = 257,152 (PaliGemma's tokenizer size)",
+    "requests": "greedy, ignore_eos=True: each decodes exactly its max_tokens",
+    "e2e_s": "time to serve the measured frames' actions and all requests that "
+    "arrived in them: measured frames' wall time + drain frames' language_s",
+    "e2e_wall_s": "wall time of measured + drain frames (finite burst)",
+    "bound_e2e_s": "the same frames' work at component times measured alone, at the "
+    "method's own shapes",
+    "gap": "e2e_s / bound_e2e_s",
+    "roofline": "per component: XLA cost-analysis FLOPs and bytes; roofline_s = max(FLOPs / "
+    "peak matmul FLOP/s, bytes / peak bytes/s) with the peaks probed in the same run; "
+    "roofline_fraction = roofline_s / measured seconds (1.0 = at the limit)",
+}
+
 
 def grid(args: argparse.Namespace) -> list[Setting]:
     settings = []
-    for n in args.denoise_steps:
-        for arrival in args.arrivals:
-            lengths: list[int | None] = [None] if arrival == "mixed" else list(args.max_tokens)
-            for m in lengths:
-                for method in args.methods:
-                    settings.append(Setting(method, n, m, arrival))
+    for vocab in args.vocab:
+        for n in args.denoise_steps:
+            for arrival in args.arrivals:
+                lengths: list[int | None] = [None] if arrival == "mixed" else list(args.max_tokens)
+                for m in lengths:
+                    for method in args.methods:
+                        settings.append(Setting(method, n, m, arrival, vocab))
     return settings
 
 
 def add_speedups(results: list[dict[str, object]]) -> None:
+    """Ratios against `isolated` (batch-1 shapes) at the same N, M, arrivals and head."""
+
     def key(r: dict[str, object]) -> tuple[object, ...]:
-        return (r["denoise_steps"], r["max_tokens"], r["arrival"])
+        return (r["denoise_steps"], r["max_tokens"], r["arrival"], r.get("vocab", "tokenizer"))
 
     isolated = {key(r): r for r in results if r["method"] == "isolated"}
     for r in results:
         base = isolated.get(key(r))
         if base is None:
-            r["speedup"] = r["act_speedup"] = r["bound_speedup"] = r["burst_speedup"] = None
+            r["speedup"] = r["speedup_steady"] = r["act_speedup"] = r["bound_speedup"] = None
             continue
-        r["speedup"] = base["e2e_s"] / r["e2e_s"]  # type: ignore[operator]
-        r["burst_speedup"] = base["e2e_wall_s"] / r["e2e_wall_s"]  # type: ignore[operator]
+        r["speedup"] = base["e2e_wall_s"] / r["e2e_wall_s"]  # type: ignore[operator]
+        r["speedup_steady"] = base["e2e_s"] / r["e2e_s"]  # type: ignore[operator]
         r["act_speedup"] = r["action_hz"] / base["action_hz"]  # type: ignore[operator]
         r["bound_speedup"] = base["bound_e2e_s"] / r["bound_e2e_s"]  # type: ignore[operator]
 
@@ -628,7 +811,10 @@ COLUMNS = (
     ("e2e_s", "e2e_s", "{:.2f}"),
     ("bound_s", "bound_e2e_s", "{:.2f}"),
     ("gap", "gap", "{:.2f}"),
+    ("head", "vocab", "{}"),
+    ("slots", "num_slots", "{}"),
     ("speedup", "speedup", "{:.2f}"),
+    ("steady_x", "speedup_steady", "{:.2f}"),
     ("act_x", "act_speedup", "{:.2f}"),
 )
 
@@ -705,7 +891,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--preset", default=None, help="tiny (default) or pi05")
     parser.add_argument("--checkpoint-dir", default="", help="openpi checkpoint (pi05)")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks" / "results")
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=None)
+    parser.add_argument("--methods", nargs="+", choices=METHODS + EXTRA_METHODS, default=None)
+    parser.add_argument(
+        "--vocab",
+        nargs="+",
+        choices=VOCABS,
+        default=None,
+        help="language head(s): tokenizer (its vocabulary) and/or full (257,152 rows); "
+        "default: tokenizer quick, both for the full grid",
+    )
     parser.add_argument("--denoise-steps", nargs="+", type=int, default=None)
     parser.add_argument("--max-tokens", nargs="+", type=int, default=None)
     parser.add_argument("--arrivals", nargs="+", choices=ARRIVALS, default=None)
@@ -734,6 +928,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "frames": 10 if quick else 30,
         "warmup_frames": 3 if quick else 6,
         "component_runs": 5 if quick else 10,
+        "vocab": ["tokenizer"] if quick else list(VOCABS),
     }
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -741,62 +936,159 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+class Bench:
+    """Models, component times and engines of one benchmark run, built on demand and shared.
+
+    One model per (N, head) (parameters are shared by every engine of it), component times
+    per (N, head, cache shapes) so each method's bound uses its own shapes, the machine's
+    peaks once (the roofline), and one deadline budget per (N, head) from the continuous
+    shapes' action-only frames. `run_settings` runs settings that share N, M, arrivals and
+    head interleaved and returns their summaries (gpu_bench uses it too).
+    """
+
+    def __init__(self, args: argparse.Namespace, workdir: pathlib.Path) -> None:
+        self.args = args
+        self.workdir = workdir
+        self.started = time.perf_counter()
+        self.peaks = roofline.machine_peaks()
+        self.models: dict[int, Pi05Model] = {}
+        self.tokenizers: dict[str, tuple[str | None, str]] = {}  # vocab: (path, kind)
+        self.components: dict[tuple[int, str, int, int], dict[str, object]] = {}
+        self.budgets: dict[tuple[int, str], float] = {}
+
+    def log(self, message: str) -> None:
+        elapsed = time.perf_counter() - self.started
+        print(f"[{elapsed:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+    def model(self, n: int) -> Pi05Model:
+        if n not in self.models:
+            args = self.args
+            model_config = dataclasses.replace(get_model_config(args.preset), num_denoise_steps=n)
+            if args.checkpoint_dir:
+                from oxygen_ros.engine.checkpoint import load_params
+
+                self.models[n] = load_params(args.checkpoint_dir, model_config)
+            else:
+                self.models[n] = create_model(model_config, args.seed)
+        return self.models[n]
+
+    def tokenizer(self, vocab: str) -> tuple[str | None, str]:
+        """(path, kind) of the tokenizer engines of `vocab` read (`bench_tokenizer`)."""
+        if vocab not in self.tokenizers:
+            self.tokenizers[vocab] = bench_tokenizer(self.args.preset, vocab, self.workdir)
+        return self.tokenizers[vocab]
+
+    def engine(self, setting: Setting, budget_s: float, cache: CacheConfig | None) -> Engine:
+        n, vocab = setting.denoise_steps, setting.vocab
+        return make_engine(
+            self.args.preset,
+            self.model(n),
+            setting,
+            self.args,
+            budget_s,
+            cache=cache,
+            tokenizer_path=self.tokenizer(vocab)[0],
+        )
+
+    def components_for(self, n: int, vocab: str, cache: CacheConfig) -> dict[str, object]:
+        key = (n, vocab, cache.num_slots, cache.num_prefixes)
+        if key not in self.components:
+            probe = self.engine(Setting("isolated", n, 1, "u1", vocab), 1.0, cache)
+            self.components[key] = measure_components(
+                probe, self.args.seed, self.args.component_runs, self.peaks
+            )
+            del probe
+            c = self.components[key]
+            self.log(
+                f"N={n} head={vocab} slots={cache.num_slots} prefixes={cache.num_prefixes}: "
+                f"components (prefill {1e3 * float(c['prefill_s']):.0f} ms, decode step "
+                f"{1e3 * float(c['decode_step_s'][cache.num_slots]):.1f} ms)"  # type: ignore[index]
+            )
+        return self.components[key]
+
+    def budget(self, n: int, vocab: str) -> float:
+        """The deadline budget: `--deadline-factor` x p90 action-only frame (continuous)."""
+        if (n, vocab) not in self.budgets:
+            cache = method_cache(self.args.preset, Setting("cb_k5", n, 1, "u1"), self.args, ())
+            components = self.components_for(n, vocab, cache)
+            factor = self.args.deadline_factor
+            self.budgets[n, vocab] = factor * float(components["action_frame_p90_s"])
+        return self.budgets[n, vocab]
+
+    def run_settings(
+        self, settings: Sequence[Setting], budgets: Sequence[float] | None = None
+    ) -> tuple[list[dict[str, object]], list[Runner]]:
+        """Settings sharing N, M, arrivals and head, interleaved; their summaries and runners
+        (`budgets`: per setting, default `budget()`)."""
+        args, first = self.args, settings[0]
+        n, vocab = first.denoise_steps, first.vocab
+        if budgets is None:
+            budgets = [self.budget(n, vocab)] * len(settings)
+        warm = arrival_schedule(first.arrival, first.max_tokens, args.warmup_frames, args.seed + 1)
+        measured = arrival_schedule(first.arrival, first.max_tokens, args.frames, args.seed)
+        caches = [method_cache(args.preset, s, args, warm + measured) for s in settings]
+        components = [self.components_for(n, vocab, c) for c in caches]
+        engines = [self.engine(s, b, c) for s, b, c in zip(settings, budgets, caches, strict=True)]
+        runners, peak_rss = run_group(settings, engines, args)
+        results = []
+        for setting, runner, c, budget in zip(settings, runners, components, budgets, strict=True):
+            result = summarize(setting, runner, c, budget, peak_rss)
+            results.append(result)
+            self.log(
+                f"{setting.label}: frame {result['frame_ms_mean']:.0f} ms, "
+                f"{result['tokens_per_s']:.0f} tok/s, wall {result['e2e_wall_s']:.2f} s"
+            )
+        return results, runners
+
+    def components_document(self) -> dict[str, object]:
+        horizon = get_model_config(self.args.preset).action_horizon
+        document: dict[str, object] = {}
+        for (n, vocab, slots, prefixes), c in self.components.items():
+            entry = {**c, "denoise_steps": n, "vocab": vocab}
+            if (n, vocab) in self.budgets and slots == self.args.slots:
+                budget = self.budgets[n, vocab]
+                entry["budget_s"] = budget
+                entry["budget_action_hz"] = horizon / budget
+                entry["action_only_p99_over_budget"] = float(c["action_frame_p99_s"]) / budget
+            document[f"N={n} head={vocab} slots={slots} prefixes={prefixes}"] = entry
+        return document
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     started = time.perf_counter()
     settings = grid(args)
-    models: dict[int, Pi05Model] = {}
-    components: dict[int, dict[str, object]] = {}
-    budgets: dict[int, float] = {}
     results: list[dict[str, object]] = []
-    groups = itertools.groupby(settings, key=lambda s: (s.denoise_steps, s.max_tokens, s.arrival))
-    for (n, _, _), group in groups:
-        group_settings = list(group)
-        if n not in models:
-            model_config = dataclasses.replace(get_model_config(args.preset), num_denoise_steps=n)
-            if args.checkpoint_dir:
-                from oxygen_ros.engine.checkpoint import load_params
-
-                models[n] = load_params(args.checkpoint_dir, model_config)
-            else:
-                models[n] = create_model(model_config, args.seed)
-            probe = make_engine(args.preset, models[n], Setting("isolated", n, 1, "u1"), args, 1.0)
-            components[n] = measure_components(probe, args.seed, args.component_runs)
-            del probe
-            budgets[n] = args.deadline_factor * float(components[n]["action_frame_p90_s"])
-            print(
-                f"[{time.perf_counter() - started:6.1f} s] N={n}: model built, components "
-                f"measured (prefill {1e3 * float(components[n]['prefill_s']):.0f} ms, "
-                f"deadline budget {1e3 * budgets[n]:.0f} ms)",
-                file=sys.stderr,
-                flush=True,
-            )
-        engines = [
-            make_engine(args.preset, models[n], s, args, budgets[n]) for s in group_settings
-        ]
-        runners, peak_rss = run_group(group_settings, engines, args)
-        for setting, runner in zip(group_settings, runners, strict=True):
-            result = summarize(setting, runner, components[n], budgets[n], peak_rss)
-            results.append(result)
-            print(
-                f"[{time.perf_counter() - started:6.1f} s] {setting.label}: "
-                f"frame {result['frame_ms_mean']:.0f} ms, {result['tokens_per_s']:.0f} tok/s, "
-                f"e2e {result['e2e_s']:.2f} s",
-                file=sys.stderr,
-                flush=True,
-            )
-        del engines, runners
+    with tempfile.TemporaryDirectory(prefix="oxygen_bench_") as workdir:
+        bench = Bench(args, pathlib.Path(workdir))
+        bench.log(
+            f"machine peaks: matmul {bench.peaks['peak_flops_per_s'] / 1e9:.1f} GFLOP/s, "  # type: ignore[operator]
+            f"memory {bench.peaks['peak_bytes_per_s'] / 1e9:.1f} GB/s"  # type: ignore[operator]
+        )
+        groups = itertools.groupby(
+            settings, key=lambda s: (s.vocab, s.denoise_steps, s.max_tokens, s.arrival)
+        )
+        for _, group in groups:
+            group_results, _ = bench.run_settings(list(group))
+            results.extend(group_results)
     add_speedups(results)
 
     mode = "quick" if args.quick else "full"
-    horizon = get_model_config(args.preset).action_horizon
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"oxygen_bench_{mode}_{args.preset}"
-    headline = next(
-        (r for r in results if all(r[k] == v for k, v in HEADLINE.items())),
-        None,
-    )
+    headlines = {
+        vocab: next(
+            (
+                r
+                for r in results
+                if r["vocab"] == vocab and all(r[k] == v for k, v in HEADLINE.items())
+            ),
+            None,
+        )
+        for vocab in args.vocab
+    }
+    headline = headlines[args.vocab[0]]
     best = max(
         (r for r in results if r.get("speedup") is not None and r["method"] != "isolated"),
         key=lambda r: r["speedup"],  # type: ignore[arg-type, return-value]
@@ -814,28 +1106,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             "jax_backend": jax.default_backend(),
             "devices": [str(d) for d in jax.devices()],
         },
-        "definitions": {
-            "speedup": "e2e_s(isolated) / e2e_s(method), same N, M, arrivals",
-            "act_speedup": "action_hz(method) / action_hz(isolated) (OxyGen's frequency ratio)",
-            "requests": "greedy, ignore_eos=True: each decodes exactly its max_tokens",
-            "e2e_s": "time to serve the measured frames' actions and all requests that "
-            "arrived in them: measured frames' wall time + drain frames' language_s",
-            "e2e_wall_s": "wall time of measured + drain frames (finite burst)",
-            "burst_speedup": "e2e_wall_s(isolated) / e2e_wall_s(method)",
-            "bound_e2e_s": "the same frames' work at component times measured alone",
-            "gap": "e2e_s / bound_e2e_s",
-        },
-        "components": {
-            str(n): {
-                **c,
-                "budget_s": budgets[n],
-                "budget_action_hz": horizon / budgets[n],
-                "action_only_p99_over_budget": float(c["action_frame_p99_s"]) / budgets[n],
-            }
-            for n, c in components.items()
-        },
+        "definitions": DEFINITIONS,
+        "machine_peaks": bench.peaks,
+        "components": bench.components_document(),
         "results": results,
         "headline": headline,
+        "headline_per_head": headlines,
         "best_speedup": None
         if best is None
         else {"label": best["label"], "speedup": best["speedup"]},
@@ -858,6 +1134,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"results: {json_path}  plot: {png_path}  ({document['wall_s']:.0f} s)")
     if best is not None:
         print(f"best speedup over the grid: {best['speedup']:.2f}x ({best['label']})")
+    for vocab, r in headlines.items():
+        if r is not None:
+            print(
+                f"headline ({r['label']}): wall-time speedup {r['speedup']:.2f}x, steady state "
+                f"{r['speedup_steady']:.2f}x, action frequency {r['act_speedup']:.2f}x "
+                f"(head: {vocab})"
+            )
     speedup = headline.get("speedup") if headline is not None else None
     print(f"speedup_vs_isolated={'nan' if speedup is None else f'{speedup:.2f}'}")
 

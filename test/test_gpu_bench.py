@@ -1,6 +1,6 @@
-"""benchmarks/gpu_bench.py: the not-run path on a machine without an accelerator, the same code
-path on the CPU with the tiny preset (`--force-cpu-smoke`), and the 257,152-piece tokenizer it
-gives randomly initialised pi05 engines."""
+"""benchmarks/gpu_bench.py: the not-run path on a machine without an accelerator, and the same
+code path on the CPU with the tiny preset (`--force-cpu-smoke`). Its full-vocabulary tokenizer
+(benchmarks/full_vocab.py) is tested in test_benchmark_tools.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,66 +86,3 @@ def test_cpu_smoke_runs_the_comparison_and_ends_with_the_summary_line(tmp_path: 
     assert seventy["chunk_every_143ms"] == (seventy["chunk_interval_ms_p99"] <= 1e3 * 10 / 70)
     assert last.endswith(f"chunk_every_143ms={'yes' if seventy['chunk_every_143ms'] else 'no'}")
     assert out.with_suffix(".png").is_file()
-
-
-def test_padded_tokenizer_keeps_encoding_and_reaches_the_full_vocabulary(
-    gpu_bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, default_tokenizer_path
-    from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, Tokenizer
-
-    monkeypatch.setenv("OPENPI_DATA_HOME", str(tmp_path / "no_openpi_cache"))
-    path, kind = gpu_bench.full_vocab_tokenizer(tmp_path / "work")
-    assert kind == "bundled_padded"
-    assert default_tokenizer_path() == path
-    padded, bundled = Tokenizer(path), Tokenizer(BUNDLED_TOKENIZER_PATH)
-    assert padded.vocab_size == PALIGEMMA_VOCAB_SIZE
-    text = "Task: pick up the red block, State: 3 127 255;\nAction: \nNarration: "
-    assert padded.encode(text, add_bos=True) == bundled.encode(text, add_bos=True)
-    assert padded.decode([PALIGEMMA_VOCAB_SIZE - 1]).startswith("<oxygen_pad_")
-
-
-def test_a_cached_paligemma_tokenizer_wins_over_the_padded_one(
-    gpu_bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    real = tmp_path / "openpi" / "big_vision" / "paligemma_tokenizer.model"
-    real.parent.mkdir(parents=True)
-    real.write_bytes(b"stand-in")
-    monkeypatch.setenv("OPENPI_DATA_HOME", str(tmp_path / "openpi"))
-    path, kind = gpu_bench.full_vocab_tokenizer(tmp_path / "work")
-    assert (path, kind) == (real, "paligemma")
-    assert os.environ["OPENPI_DATA_HOME"] == str(tmp_path / "openpi")
-    assert not (tmp_path / "work").exists()
-
-
-@pytest.mark.slow
-def test_an_engine_on_the_padded_tokenizer_samples_the_whole_head(
-    gpu_bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, get_engine_config
-    from oxygen_ros.engine.engine import Engine
-    from oxygen_ros.engine.types import LanguageRequest, Observation, RequestKind
-
-    monkeypatch.setenv("OPENPI_DATA_HOME", str(tmp_path / "no_openpi_cache"))
-    path, _ = gpu_bench.full_vocab_tokenizer(tmp_path / "work")
-    engine = Engine(get_engine_config("tiny"))  # no tokenizer_path: as oxygen_bench's pi05
-    assert engine.tokenizer.path == path
-    assert engine.model.vocab_size == PALIGEMMA_VOCAB_SIZE  # the head is not cut
-    model = engine.config.model
-    observation = Observation(
-        images={k: np.zeros((*model.image_resolution, 3), np.uint8) for k in model.image_keys},
-        image_masks={k: True for k in model.image_keys},
-        state=np.zeros((8,), np.float32),
-        prompt="pick up the red block",
-        stamp=0.0,
-    )
-    request = LanguageRequest(RequestKind.NARRATION, max_tokens=4, ignore_eos=True)
-    outputs = []
-    result = engine.step(observation, [request])
-    outputs.extend(result.outputs)
-    for _ in range(3):
-        outputs.extend(engine.step(observation).outputs)
-    ids = [i for output in outputs for i in output.new_token_ids]
-    texts = [output.text for output in outputs if output.text is not None]
-    assert len(ids) == 4 and texts
-    assert max(ids) >= 640  # beyond the bundled model: the whole head was sampled from

@@ -395,7 +395,8 @@ class Engine:
         return self._frame(observation, requests, noise, "isolated", on_actions)
 
     def warmup(self) -> int:
-        """Compiles everything a frame uses (blank observation, one short request).
+        """Compiles everything a frame uses (blank observation, a short request, and a frame
+        per extend width the mode admits with).
 
         Counters, the cost model and the request bookkeeping are left as they were.
 
@@ -423,21 +424,36 @@ class Engine:
             prompt="warm up",
             stamp=0.0,
         )
-        spec = LanguageRequest(
-            RequestKind.SUBTASK, max_tokens=2, request_id="__warmup__", ignore_eos=True
-        )
         noise = np.zeros((1, model.action_horizon, model.action_dim), np.float32)
-        self._frame(observation, [spec], noise, self.mode)
-        for _ in range(3):
-            if not self._live:
-                break
-            self._frame(observation, (), noise, self.mode)
-        if self._live:
-            self.abort("__warmup__")
-            self._frame(observation, (), noise, self.mode)
+        # One short request (prefill, denoise, a one-row extend, decode steps), then, unless
+        # requests are admitted one at a time (isolated), one frame per wider extend: that many
+        # one-token requests admitted together.
+        widths = (1,) if self.mode == "isolated" else self.runner.extend_widths
+        warmup_ids: list[str] = []
+        for width in widths:
+            specs = [
+                LanguageRequest(
+                    RequestKind.SUBTASK,
+                    max_tokens=2 if width == 1 else 1,
+                    request_id=f"__warmup_{width}_{i}__",
+                    ignore_eos=True,
+                )
+                for i in range(width)
+            ]
+            warmup_ids += [spec.request_id for spec in specs]  # type: ignore[misc]
+            self._frame(observation, specs, noise, self.mode)
+            for _ in range(3):
+                if not self._live:
+                    break
+                self._frame(observation, (), noise, self.mode)
+            if self._live:
+                for request_id in list(self._live):
+                    self.abort(request_id)
+                self._frame(observation, (), noise, self.mode)
         self._counters = saved
         self._next_request, self._next_order = saved_next, saved_order
-        self._final_status.pop("__warmup__", None)
+        for request_id in warmup_ids:
+            self._final_status.pop(request_id, None)
         self._last_timings = None
         # A fresh scheduler: no warm-up costs (compile times) in the deadline cost model.
         self.scheduler = FrameScheduler(self.config.scheduler, self.cache)

@@ -435,6 +435,15 @@ class JitModel:
             self._leaves, inputs, text_tokens, text_mask, self.vocab_size
         )
 
+    def lower(self, name: str, *args: object) -> jax.stages.Lowered:
+        """The jitted function `name` lowered for these parameters and `args` (its arguments
+        after the parameters, static ones included, e.g. `self.vocab_size`), without running
+        it: `.compile().cost_analysis()` gives XLA's FLOP and byte counts (benchmarks)."""
+        fn = getattr(self._fns, name)
+        if name == "sample_tokens":  # the one function without parameters
+            return fn.lower(*args)
+        return fn.lower(self._leaves, *args)
+
     def empty_gen_cache(self, num_slots: int, max_seq_len: int) -> tuple[Array, Array]:
         """Zeroed gen cache k, v [L, num_slots, max_seq_len, K, H] in the compute dtype."""
         llm = _gemma.get_config(self.config.paligemma_variant)  # type: ignore[arg-type]

@@ -2,12 +2,14 @@
 
 Run as `python -P test/engine/compile_probe.py [--force-compile]`. It builds the `tiny`
 preset's engine, calls `warmup()`, then serves language requests so that the decode step runs
-at every active count 1..num_slots, with greedy and sampled requests mixed, and prints one
+at every active count 1..num_slots, with greedy and sampled requests mixed, then admits 2 and
+3 one-token requests together (so the tail extend runs at every width 1, 2, 4), and prints one
 JSON line:
 
 - `warmup`: compilations `warmup()` triggered (> 0: it compiled what a frame uses);
 - `serve`: compilations while serving after the warm-up (0 is the claim under test);
 - `decode_sizes`: active rows of each decode step while serving;
+- `extend_widths`: rows of each tail extend while serving;
 - `control`: compilations while serving the same requests again after `jax.clear_caches()`,
   so the counter is seen to move in this very process (the positive control).
 
@@ -40,14 +42,23 @@ from oxygen_ros.engine.types import RequestKind
 KINDS = (RequestKind.NARRATION, RequestKind.MEMORY, RequestKind.SUBTASK)
 
 
-def serve(engine: Engine, tag: str) -> tuple[int, list[int]]:
-    """One new request per frame until every slot is busy, then frames until all finished.
+def serve(engine: Engine, tag: str) -> tuple[int, list[int], list[int]]:
+    """One new request per frame until every slot is busy, then frames until all finished,
+    then two frames admitting 2 and 3 one-token requests together.
 
-    Returns the compilations it triggered and the active rows of every decode step.
+    Returns the compilations it triggered, the active rows of every decode step and the
+    rows of every tail extend.
     """
     num_slots = engine.cache.num_slots
-    decode_step = engine.runner.decode_step
+    decode_step, extend_width = engine.runner.decode_step, engine.runner.extend_width
     sizes = record_decode_sizes(engine)
+    widths: list[int] = []
+
+    def record_width(num_requests: int) -> int:
+        widths.append(extend_width(num_requests))
+        return widths[-1]
+
+    engine.runner.extend_width = record_width  # type: ignore[method-assign]
     before = compiles.num_compiles()
     for frame in range(4 * num_slots):
         requests = []
@@ -66,8 +77,22 @@ def serve(engine: Engine, tag: str) -> tuple[int, list[int]]:
         stats = engine.stats()
         if frame >= num_slots and stats.num_running == 0 and stats.num_waiting == 0:
             break
+    for count in (2, 3):  # admitted together: one extend of width 2, then of width 4
+        burst = [
+            make_request(
+                KINDS[i % len(KINDS)],
+                request_id=f"{tag}-burst{count}-{i}",
+                max_tokens=1,
+                ignore_eos=True,
+                temperature=0.8 if i % 2 else 0.0,
+                seed=i,
+            )
+            for i in range(count)
+        ]
+        engine.step(make_observation(count), burst, noise=engine.make_noise(count))
     engine.runner.decode_step = decode_step  # type: ignore[method-assign]
-    return compiles.num_compiles() - before, sizes
+    engine.runner.extend_width = extend_width  # type: ignore[method-assign]
+    return compiles.num_compiles() - before, sizes, widths
 
 
 def main() -> None:
@@ -83,14 +108,15 @@ def main() -> None:
     warmup = engine.warmup()
     if args.force_compile:
         jax.clear_caches()
-    served, sizes = serve(engine, "serve")
+    served, sizes, widths = serve(engine, "serve")
     jax.clear_caches()
-    control, _ = serve(engine, "control")
+    control, _, _ = serve(engine, "control")
     report = {
         "num_slots": engine.cache.num_slots,
         "warmup": warmup,
         "serve": served,
         "decode_sizes": sizes,
+        "extend_widths": widths,
         "control": control,
     }
     print(json.dumps(report), flush=True)

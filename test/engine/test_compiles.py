@@ -34,7 +34,8 @@ def test_counter_moves_on_a_fresh_compilation_and_not_on_a_cache_hit() -> None:
 
 @pytest.mark.slow
 def test_a_warmed_up_engine_serves_every_active_count_without_compiling() -> None:
-    """compile_probe.py in a new process: warmup(), then 1..num_slots active requests."""
+    """compile_probe.py in a new process: warmup(), then 1..num_slots active requests and
+    tail extends of every width."""
     env = dict(os.environ)
     # A persistent-cache hit is no backend compilation: the counter would not see it.
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
@@ -52,6 +53,7 @@ def test_a_warmed_up_engine_serves_every_active_count_without_compiling() -> Non
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["decode_sizes"] == [1, 1, 2, 2, 3, 3, 4, 4, 3, 3, 2, 2, 1, 1], output
     assert report["num_slots"] == 4, output
+    assert report["extend_widths"] == [1, 1, 1, 1, 2, 4], output
     assert report["warmup"] > 0, output  # the warm-up compiled what a frame uses
     assert report["control"] > 0, output  # same process, same serving, after clear_caches()
     assert report["serve"] == 0, output

@@ -11,7 +11,7 @@ from oxygen_ros.engine.engine import Counters, Engine
 from oxygen_ros.engine.kv_cache import LanguageKVCache
 from oxygen_ros.engine.reference_decode import decode_to_completion, prepare_requests
 from oxygen_ros.engine.requests import Request
-from oxygen_ros.engine.runner import Runner
+from oxygen_ros.engine.runner import Runner, extend_widths
 from oxygen_ros.engine.types import LanguageRequest, RequestKind, RequestStatus
 
 
@@ -183,3 +183,41 @@ def test_runner_rejects_inconsistent_calls(engine, prefixes) -> None:
         runner.decode_step({slot: request})
     with pytest.raises(ValueError):
         Runner(engine.model, cache, extend_rows=0, max_tail_len=4)
+
+
+def test_extend_widths_are_powers_of_two_then_extend_rows() -> None:
+    assert extend_widths(1) == (1,)
+    assert extend_widths(4) == (1, 2, 4)
+    assert extend_widths(6) == (1, 2, 4, 6)
+    assert extend_widths(8) == (1, 2, 4, 8)
+
+
+def test_an_admission_extends_at_the_smallest_width_that_holds_it(engine, prefixes) -> None:
+    runner = fresh_runner(engine, extend_rows=4)
+    cache = runner.cache
+    extend = runner.model.extend
+    rows_seen: list[int] = []
+
+    class Spy:  # the runner's model with extend's batch rows recorded
+        def __getattr__(self, name):
+            return getattr(engine.model, name)
+
+        def extend(self, store, prefix_index, tail_tokens, tail_mask):
+            rows_seen.append(tail_tokens.shape[0])
+            return extend(store, prefix_index, tail_tokens, tail_mask)
+
+    runner.model = Spy()
+    names = ["narration", "memory", "subtask"]
+    for frame, group in enumerate((names[:1], names)):  # 1 request, then 3 together
+        prefix_id = cache.reserve_prefix()
+        pairs = [
+            (cache.allocate_slot(prefix_id, f"{name}-{frame}"), make_state(engine, name))
+            for name in group
+        ]
+        first = runner.admit(prefixes[frame], prefix_id, pairs)
+        # The same first ids as each request decoded alone (padding rows change nothing).
+        assert first == [solo_tokens(engine, prefixes[frame], name)[0] for name in group]
+    assert rows_seen == [1, 4]  # the fixed width was 4 for both before
+    assert [runner.extend_width(n) for n in (1, 2, 3, 4)] == [1, 2, 4, 4]
+    with pytest.raises(ValueError):
+        runner.extend_width(5)

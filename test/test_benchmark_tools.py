@@ -1,0 +1,257 @@
+"""Benchmark tools that are not benchmarks themselves: the full-vocabulary tokenizer
+(benchmarks/full_vocab.py), the roofline (benchmarks/roofline.py) and oxygen_bench's baseline
+shapes, speedup definitions and component bound (benchmarks/oxygen_bench.py)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def _load(name: str):
+    """A benchmarks/ module by path (benchmarks/ is no package); sys.path is restored."""
+    if name in sys.modules:
+        return sys.modules[name]
+    saved = list(sys.path)
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    try:
+        sys.path.insert(0, str(BENCHMARKS))
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
+    return module
+
+
+@pytest.fixture(scope="module")
+def full_vocab():
+    return _load("full_vocab")
+
+
+@pytest.fixture(scope="module")
+def roofline():
+    return _load("roofline")
+
+
+@pytest.fixture(scope="module")
+def oxygen_bench():
+    return _load("oxygen_bench")
+
+
+# ------------------------------------------------------------------------------------------
+# full_vocab
+
+
+def test_padded_tokenizer_keeps_encoding_and_reaches_the_full_vocabulary(
+    full_vocab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, default_tokenizer_path
+    from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, Tokenizer
+
+    monkeypatch.setenv("OPENPI_DATA_HOME", str(tmp_path / "no_openpi_cache"))
+    path, kind = full_vocab.full_vocab_tokenizer(tmp_path / "work")
+    assert kind == "bundled_padded"
+    assert default_tokenizer_path() == path
+    padded, bundled = Tokenizer(path), Tokenizer(BUNDLED_TOKENIZER_PATH)
+    assert padded.vocab_size == PALIGEMMA_VOCAB_SIZE
+    text = "Task: pick up the red block, State: 3 127 255;\nAction: \nNarration: "
+    assert padded.encode(text, add_bos=True) == bundled.encode(text, add_bos=True)
+    assert padded.decode([PALIGEMMA_VOCAB_SIZE - 1]).startswith("<oxygen_pad_")
+
+
+def test_a_cached_paligemma_tokenizer_wins_over_the_padded_one(
+    full_vocab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = tmp_path / "openpi" / "big_vision" / "paligemma_tokenizer.model"
+    real.parent.mkdir(parents=True)
+    real.write_bytes(b"stand-in")
+    monkeypatch.setenv("OPENPI_DATA_HOME", str(tmp_path / "openpi"))
+    path, kind = full_vocab.full_vocab_tokenizer(tmp_path / "work")
+    assert (path, kind) == (real, "paligemma")
+    assert os.environ["OPENPI_DATA_HOME"] == str(tmp_path / "openpi")
+    assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.slow
+def test_an_engine_on_the_padded_tokenizer_samples_the_whole_head(
+    full_vocab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, get_engine_config
+    from oxygen_ros.engine.engine import Engine
+    from oxygen_ros.engine.types import LanguageRequest, Observation, RequestKind
+
+    monkeypatch.setenv("OPENPI_DATA_HOME", str(tmp_path / "no_openpi_cache"))
+    path, _ = full_vocab.full_vocab_tokenizer(tmp_path / "work")
+    engine = Engine(get_engine_config("tiny"))  # no tokenizer_path: as oxygen_bench's pi05
+    assert engine.tokenizer.path == path
+    assert engine.model.vocab_size == PALIGEMMA_VOCAB_SIZE  # the head is not cut
+    model = engine.config.model
+    observation = Observation(
+        images={k: np.zeros((*model.image_resolution, 3), np.uint8) for k in model.image_keys},
+        image_masks={k: True for k in model.image_keys},
+        state=np.zeros((8,), np.float32),
+        prompt="pick up the red block",
+        stamp=0.0,
+    )
+    request = LanguageRequest(RequestKind.NARRATION, max_tokens=4, ignore_eos=True)
+    outputs = []
+    result = engine.step(observation, [request])
+    outputs.extend(result.outputs)
+    for _ in range(3):
+        outputs.extend(engine.step(observation).outputs)
+    ids = [i for output in outputs for i in output.new_token_ids]
+    texts = [output.text for output in outputs if output.text is not None]
+    assert len(ids) == 4 and texts
+    assert max(ids) >= 640  # beyond the bundled model: the whole head was sampled from
+
+
+# ------------------------------------------------------------------------------------------
+# roofline
+
+
+def test_xla_counts_a_gathers_whole_table_and_the_overcount_removes_it(roofline) -> None:
+    import jax
+    import jax.numpy as jnp
+    import openpi.models.gemma as gemma
+
+    from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, get_model_config
+
+    config = get_model_config("tiny")
+    width = gemma.get_config(config.paligemma_variant).width
+    table = jnp.zeros((PALIGEMMA_VOCAB_SIZE, width), jnp.float32)
+    ids = jnp.arange(8, dtype=jnp.int32)
+    lowered = jax.jit(lambda t, i: t[i]).lower(table, ids)
+    counted = roofline.cost(lowered)["bytes"]
+    table_bytes = PALIGEMMA_VOCAB_SIZE * width * 4
+    assert counted >= table_bytes  # the whole table, for 8 rows: why the correction exists
+    overcount = roofline.embedding_overcount(config, rows_read=8)
+    assert overcount == (PALIGEMMA_VOCAB_SIZE - 8) * width * 4
+    row = roofline.entry(
+        lowered, 1.0, {"peak_flops_per_s": 1e9, "peak_bytes_per_s": 1e9}, overcount
+    )
+    assert row["bytes_xla"] == counted
+    assert row["bytes"] == counted - overcount
+    assert row["bytes"] < 0.01 * table_bytes  # what 8 rows, ids and output really move
+
+
+def test_roofline_entry_is_the_slower_of_compute_and_memory(roofline) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.ones((64, 64), jnp.float32)
+    lowered = jax.jit(lambda x, y: x @ y).lower(a, a)
+    counted = roofline.cost(lowered)
+    assert counted["flops"] == 2 * 64**3  # XLA's count of a matmul
+    compute_bound = {"peak_flops_per_s": 1e6, "peak_bytes_per_s": 1e12}
+    row = roofline.entry(lowered, 2.0, compute_bound)
+    assert row["bound"] == "compute"
+    assert row["roofline_s"] == pytest.approx(2 * 64**3 / 1e6)
+    assert row["roofline_fraction"] == pytest.approx(row["roofline_s"] / 2.0)
+    memory_bound = {"peak_flops_per_s": 1e15, "peak_bytes_per_s": 1e3}
+    row = roofline.entry(lowered, 2.0, memory_bound)
+    assert row["bound"] == "memory"
+    assert row["roofline_s"] == pytest.approx(counted["bytes"] / 1e3)
+    # Two calls count as one component: their sums.
+    both = roofline.entry([lowered, lowered], 2.0, compute_bound)
+    assert both["flops"] == 2 * counted["flops"] and both["bytes"] == 2 * counted["bytes"]
+
+
+def test_machine_peaks_are_the_best_probe(roofline) -> None:
+    peaks = roofline.machine_peaks(runs=1)
+    matmul = [p["flops_per_s"] for p in peaks["matmul_probe"]]
+    memory = [p["bytes_per_s"] for p in peaks["memory_probe"]]
+    assert len(matmul) == len(roofline.MATMUL_SIZES) and min(matmul) > 0
+    assert peaks["peak_flops_per_s"] == max(matmul)
+    assert peaks["peak_bytes_per_s"] == max(memory) > 0
+    assert peaks["backend"] == "cpu"
+
+
+# ------------------------------------------------------------------------------------------
+# oxygen_bench
+
+
+def _args(**fields: object) -> argparse.Namespace:
+    return argparse.Namespace(**{"slots": 8, "prefixes": 8, **fields})
+
+
+def test_each_method_runs_at_the_shapes_a_user_would_give_it(oxygen_bench) -> None:
+    setting = oxygen_bench.Setting
+    schedule = [[30], [30, 30, 30], [], [30, 30]]
+    shapes = {
+        method: oxygen_bench.method_cache(
+            "tiny", setting(method, 10, 30, "poisson"), _args(), schedule
+        )
+        for method in ("isolated", "shared_kv", "cb_k5", "deadline", "isolated_cb_shapes")
+    }
+    as_tuple = {m: (c.num_slots, c.num_prefixes) for m, c in shapes.items()}
+    assert as_tuple == {
+        "isolated": (1, 1),  # openpi's way: batch-1 shapes
+        "shared_kv": (3, 1),  # the most requests one frame brings
+        "cb_k5": (8, 8),
+        "deadline": (8, 8),
+        "isolated_cb_shapes": (8, 8),  # the old baseline, kept to show the difference
+    }
+    engine_default = shapes["cb_k5"].max_seq_len
+    assert all(c.max_seq_len == engine_default for c in shapes.values())
+    overrides = oxygen_bench.scheduler_overrides(
+        setting("isolated_cb_shapes", 10, 30, "u1"), 1.0, 9
+    )
+    assert overrides == {"max_waiting": 9, "mode": "isolated"}
+
+
+def test_the_headline_speedup_is_wall_time_with_the_steady_state_beside_it(oxygen_bench) -> None:
+    def result(method: str, vocab: str, wall: float, steady: float) -> dict[str, object]:
+        return {
+            "method": method, "denoise_steps": 10, "max_tokens": 30, "arrival": "u1",
+            "vocab": vocab, "e2e_wall_s": wall, "e2e_s": steady, "action_hz": 10.0 / steady,
+            "bound_e2e_s": steady / 2,
+        }  # fmt: skip
+
+    results = [
+        result("isolated", "tokenizer", 4.0, 3.0),
+        result("cb_k5", "tokenizer", 2.0, 1.0),
+        result("cb_k5", "full", 1.0, 1.0),  # no isolated with the full head: no ratio
+    ]
+    oxygen_bench.add_speedups(results)
+    cb, cb_full = results[1], results[2]
+    assert cb["speedup"] == 2.0  # wall time: 4 / 2
+    assert cb["speedup_steady"] == 3.0  # 3 / 1
+    assert cb["act_speedup"] == pytest.approx(3.0)
+    assert results[0]["speedup"] == 1.0
+    assert cb_full["speedup"] is None and cb_full["speedup_steady"] is None
+    assert "wall" in oxygen_bench.DEFINITIONS["speedup"]
+
+
+def test_the_bound_charges_each_admission_the_extend_width_the_runner_uses(oxygen_bench) -> None:
+    components = {
+        "prefill_s": 0.1,
+        "denoise_s": 0.05,
+        "extend_s": {1: 0.001, 2: 0.002, 4: 0.004, 8: 0.008},
+        "decode_step_s": {1: 0.01, 8: 0.02},
+    }
+
+    def frame(num_admitted: int, num_extends: int, phase: str = "measured"):
+        return oxygen_bench.FrameRecord(
+            phase=phase, wall_s=1.0, has_actions=True, num_tokens=num_admitted,
+            step_batches=[], num_prefills=1, num_extends=num_extends,
+            num_admitted=num_admitted, num_decode_steps=0, num_compiles=0, rss_mb=0.0,
+            timings={},
+        )  # fmt: skip
+
+    bound = oxygen_bench._bound_frame_s
+    actions = 0.1 + 0.05
+    assert bound(frame(0, 0), components) == pytest.approx(actions)
+    assert bound(frame(3, 1), components) == pytest.approx(actions + 0.004)  # one 4-row extend
+    assert bound(frame(10, 2), components) == pytest.approx(actions + 0.008 + 0.002)  # 8 + 2
+    assert bound(frame(3, 3), components) == pytest.approx(actions + 3 * 0.001)  # one by one
+    assert bound(frame(3, 1, "drain"), components) == pytest.approx(0.004)  # language only
