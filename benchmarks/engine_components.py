@@ -4,7 +4,9 @@ Median wall-clock seconds over `--runs` calls after one warm-up (compilation) ca
 work waited for: prefix prefill, action denoising (plain and real-time chunking), language
 tail extend of one admitted request (at the width the runner uses for it, and at the full
 `extend_rows` width every admission paid before extends were bucketed), one decode step (all
-slots active; logits alone and fused with greedy sampling), an argmax over those logits, a
+slots active; logits alone and fused with greedy sampling; and the fused step reading only
+the first 128 prefix tokens, which shows what gathering and concatenating each row's stored
+prefix costs a step), an argmax over those logits, a
 whole shared-prefix frame with two language requests, and the real pi0.5 preset's parameter
 count from shapes only.
 
@@ -54,10 +56,12 @@ from oxygen_ros.engine.config import (  # noqa: E402
 from oxygen_ros.engine.engine import Engine  # noqa: E402
 from oxygen_ros.engine.kv_cache import write_tail_rows  # noqa: E402
 from oxygen_ros.engine.model import abstract_model, param_count  # noqa: E402
+from oxygen_ros.engine.model_fns import Prefix  # noqa: E402
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH  # noqa: E402
 from oxygen_ros.engine.types import LanguageRequest, Observation, RequestKind  # noqa: E402
 
 GREEDY_TARGET = 1.2  # greedy decode step <= (logits + argmax) x this
+SHORT_PREFIX = 128  # prefix tokens of the decode step that shows what the prefix costs
 
 
 def _median_s(fn: Callable[[], object], runs: int) -> float:
@@ -164,6 +168,26 @@ def measure(preset: str, vocab: str, runs: int, workdir: pathlib.Path) -> dict[s
         )
         return sampled
 
+    # The same step reading a 128-token prefix: what the per-step gather and concatenation of
+    # each row's stored prefix ([L, B, S, K, H]) with the generated cache cost.
+    short = Prefix(
+        prefix.k[:, :, :SHORT_PREFIX], prefix.v[:, :, :SHORT_PREFIX], prefix.mask[:, :SHORT_PREFIX]
+    )
+    short_state: dict[str, jax.Array] = {}
+    short_state["k"], short_state["v"] = write_tail_rows(
+        *model.empty_gen_cache(slots, cache.max_seq_len),
+        tail_k,
+        tail_v,
+        np.arange(slots, dtype=np.int32),
+    )
+
+    def decode_greedy_short() -> object:
+        sampled, short_state["k"], short_state["v"] = model.decode_sample(
+            short, rows, short_state["k"], short_state["v"], gen_len, tokens, active, greedy,
+            seeds, seeds,
+        )  # fmt: skip
+        return sampled
+
     logits = jax.block_until_ready(decode_logits())
     argmax = jax.jit(lambda x: jnp.argmax(x, axis=-1))
     previous = np.zeros_like(noise)
@@ -185,6 +209,7 @@ def measure(preset: str, vocab: str, runs: int, workdir: pathlib.Path) -> dict[s
         f"decode_logits_b{slots}": _median_s(decode_logits, runs),
         f"decode_greedy_b{slots}": _median_s(decode_greedy, runs),
         f"argmax_b{slots}": _median_s(lambda: argmax(logits), runs),
+        f"decode_greedy_b{slots}_prefix{SHORT_PREFIX}": _median_s(decode_greedy_short, runs),
     }
     lowered = {
         "prefill": model.lower("prefill", inputs),
@@ -225,6 +250,20 @@ def measure(preset: str, vocab: str, runs: int, workdir: pathlib.Path) -> dict[s
             model.vocab_size,
         ),
         f"argmax_b{slots}": argmax.lower(logits),
+        f"decode_greedy_b{slots}_prefix{SHORT_PREFIX}": model.lower(
+            "decode_sample",
+            short,
+            rows,
+            short_state["k"],
+            short_state["v"],
+            gen_len,
+            tokens,
+            active,
+            greedy,
+            seeds,
+            seeds,
+            model.vocab_size,
+        ),
     }
     tail_len = tail_tokens.shape[0]
     embedded = {  # token ids each component embeds (XLA counts the whole table per gather)
@@ -233,6 +272,7 @@ def measure(preset: str, vocab: str, runs: int, workdir: pathlib.Path) -> dict[s
         f"extend_1req_w{full_rows}": full_rows * tail_len,
         f"decode_logits_b{slots}": slots,
         f"decode_greedy_b{slots}": slots,
+        f"decode_greedy_b{slots}_prefix{SHORT_PREFIX}": slots,
     }
     table = {
         name: roofline.entry(
@@ -270,6 +310,12 @@ def measure(preset: str, vocab: str, runs: int, workdir: pathlib.Path) -> dict[s
             "greedy_over_logits_plus_argmax": greedy_ratio,
             "target": GREEDY_TARGET,
             "within_target": greedy_ratio <= GREEDY_TARGET,
+        },
+        "prefix_in_decode": {
+            "prefix_len": config.model.prefix_len,
+            "step_s": times[f"decode_greedy_b{slots}"],
+            "short_prefix_len": SHORT_PREFIX,
+            "short_step_s": times[f"decode_greedy_b{slots}_prefix{SHORT_PREFIX}"],
         },
         "extend_one_request": {
             "bucketed_width": one_row,
