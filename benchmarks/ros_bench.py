@@ -13,6 +13,12 @@ Measures, with real node processes over DDS on this machine:
   prefill + denoise alone, p50/p99; observation -> hand-off as the node saw it; future
   coverage of the published rows; new chunks per second; and, between the phase's first
   diagnostics message and one after it, ticks skipped and ticks starved;
+- from the same diagnostics, observation -> hand-off decomposed per frame (p50/p99): frame age
+  when it reached the inference node, its wait there (and the part of that wait spent in the
+  previous frame's language work, and in the `frame_pickup` policy's wait for a newer frame),
+  taken -> `Engine.step` (deserialisation alone too), the engine's action path, the rest;
+  the engine's idle time between frames, `frames_waited_for` / `frame_wait_timeouts`; and from
+  perception's diagnostics (its last 10 s): frame age at publish and build time;
 - first speech token latency after an instruction (instruction published -> first SpeechToken
   of the subtask request it started, as received here).
 
@@ -26,7 +32,10 @@ Writes JSON (default benchmarks/results/) and prints a table; the last line is
 (tick rate, tick period jitter p99, observation -> new-chunk publish p99, the engine's action
 path p99) for the language-load phase.
 
-Usage: `python benchmarks/ros_bench.py [--quick] [--preset tiny] [--out FILE]`
+Usage: `python benchmarks/ros_bench.py [--quick] [--preset tiny] [--out FILE]
+[--frame-trigger timer|joint_state] [--frame-pickup newest|on_arrival] [--param
+NODE:NAME:=VALUE ...]` (overrides of the YAML's perception `frame_trigger`, inference
+`frame_pickup`, and any other parameter)
 (`benchmarks/ros_quick` sets everything up and runs the quick mode, under 60 s once set up).
 """
 
@@ -50,6 +59,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 ACTION_RATE_HZ = 70.0  # config/humanoid.yaml's action_rate_hz
+# Issue 11's bar, per phase: observation -> first action p99 at most this much above the
+# engine's own prefill + denoise p99 (same run), and tick period jitter p99 at most this.
+BAR_OVER_ENGINE_MS = 10.0
+BAR_JITTER_P99_MS = 2.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -70,6 +83,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="instructions for the speech latency (default 3 quick, 10 full)",
     )
     parser.add_argument("--out", default="", help="JSON output path")
+    parser.add_argument("--frame-trigger", default="", help="perception frame_trigger override")
+    parser.add_argument("--frame-pickup", default="", help="inference frame_pickup override")
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NODE:NAME:=VALUE",
+        help="any other parameter override, e.g. perception:convert_on_arrival:=true",
+    )
     parser.add_argument("--startup-timeout-s", type=float, default=300.0)
     return parser.parse_args(argv)
 
@@ -98,6 +120,7 @@ class Bench:
         self.actions: list[tuple[float, float, float, int, int]] = []
         self.speech: list[tuple[float, object]] = []
         self.diagnostics: list[tuple[float, dict[str, str]]] = []  # the inference node's
+        self.perception: list[tuple[float, dict[str, str]]] = []  # the perception node's
         self.new_chunk = ActionChunk.TRIGGER_NEW_CHUNK
         self.tick = ActionChunk.TRIGGER_TICK
         overrides = {"model_preset": args.preset}
@@ -114,8 +137,15 @@ class Bench:
                 "inference:memory_period_s:=0.0",
                 "-p",  # its windows are read within a quarter second of a phase's end
                 "inference:diagnostics_period_s:=0.25",
-            ]
+            ],
+            "perception": [],
         }
+        if args.frame_pickup:
+            extra["inference"] += ["-p", f"inference:frame_pickup:={args.frame_pickup}"]
+        if args.frame_trigger:
+            extra["perception"] += ["-p", f"perception:frame_trigger:={args.frame_trigger}"]
+        for override in args.param:
+            extra.setdefault(override.split(":", 1)[0], []).extend(["-p", override])
         self.procs: list[tuple[str, subprocess.Popen, Path]] = []
         for node in nodes:
             log = workdir / f"{node.spec.name}.log"
@@ -184,6 +214,9 @@ class Bench:
             if status.name.endswith(": inference"):
                 with self.lock:
                     self.diagnostics.append((self.now(), diagnostic_values(status)))
+            elif status.name.endswith(": perception"):
+                with self.lock:
+                    self.perception.append((self.now(), diagnostic_values(status)))
 
     def wait(self, predicate, timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
@@ -255,8 +288,17 @@ class Bench:
         # The first message of each chunk is its new-chunk publish.
         obs_to_action_ms = [(p - o) * 1e3 for _, p, o, _, trig in window if trig == self.new_chunk]
 
+        with self.lock:
+            perception = dict(self.perception[-1][1]) if self.perception else {}
+
         def node_value(key: str) -> float:
             return float(node.get(key, "nan"))
+
+        def path(name: str) -> dict[str, float]:
+            return {
+                f"{name}_p50_ms": node_value(f"frame.{name}_p50_ms"),
+                f"{name}_p99_ms": node_value(f"frame.{name}_p99_ms"),
+            }
 
         def node_delta(key: str) -> float:
             return float(node.get(key, 0)) - float(before.get(key, 0))
@@ -275,6 +317,9 @@ class Bench:
             "chunks": len(obs_to_action_ms),
             "obs_to_action_p50_ms": percentile(obs_to_action_ms, 50),
             "obs_to_action_p99_ms": percentile(obs_to_action_ms, 99),
+            # Observation -> first action p99 minus the engine's prefill + denoise p99 below.
+            "obs_to_action_over_engine_p99_ms": percentile(obs_to_action_ms, 99)
+            - node_value("frame.prefill_denoise_p99_ms"),
             # From the inference node's diagnostics over the same span.
             "engine_frames": int(node_value("frame.count_in_window")),
             "engine_action_p50_ms": node_value("frame.action_path_p50_ms"),
@@ -289,6 +334,28 @@ class Bench:
             "coverage_min_s": node_value("actions.coverage_min_s"),
             "ticks_skipped": node_delta("action_ticks_skipped"),
             "ticks_empty": sum(node_delta(k) for k in node if k.startswith("action_ticks_empty.")),
+            # Observation -> hand-off, decomposed (inference node, same span).
+            **path("age_at_arrival"),
+            **path("inbox_wait"),
+            **path("wait_in_language"),
+            **path("pickup_wait"),
+            **path("pre_step"),
+            **path("decode"),
+            **path("unaccounted"),
+            **path("language"),
+            **path("engine_idle"),
+            "frame_pickup": node.get("frame_pickup", ""),
+            "frame_period_ms": node_value("frame_period_ms"),
+            "frames_waited_for": node_delta("frames_waited_for"),
+            "frame_wait_timeouts": node_delta("frame_wait_timeouts"),
+            "pickup_idle_s": node_delta("pickup_idle_s"),
+            # Perception's own windows (its last 10 s).
+            "frame_trigger": perception.get("frame_trigger", ""),
+            "perception_rate_hz": float(perception.get("observation_rate_hz", "nan")),
+            "perception_age_p50_ms": float(perception.get("frame.age_at_publish_p50_ms", "nan")),
+            "perception_age_p99_ms": float(perception.get("frame.age_at_publish_p99_ms", "nan")),
+            "perception_build_p50_ms": float(perception.get("frame.build_p50_ms", "nan")),
+            "perception_build_p99_ms": float(perception.get("frame.build_p99_ms", "nan")),
         }
 
     def measure_speech_latency(self, count: int, gap_s: float) -> list[float]:
@@ -377,6 +444,14 @@ def main(argv: list[str] | None = None) -> int:
         "startup_s": startup_s,
         "no_language": idle,
         "language_load": loaded,
+        "bar": {  # issue 11, per phase (BAR_* above)
+            phase: bool(
+                result_phase["obs_to_action_over_engine_p99_ms"] <= BAR_OVER_ENGINE_MS
+                and result_phase["jitter_p99_ms"] <= BAR_JITTER_P99_MS
+                and abs(result_phase["action_rate_hz"] - ACTION_RATE_HZ) < 0.005
+            )
+            for phase, result_phase in (("no_language", idle), ("language_load", loaded))
+        },
         "first_speech_token_ms": {
             "values": speech_ms,
             "p50": percentile(speech_ms, 50),
@@ -408,6 +483,7 @@ def print_table(result: dict, out: Path) -> None:
         ("ticks empty (starved)", "ticks_empty", "{:.0f}"),
         ("obs -> first action p50 [ms]", "obs_to_action_p50_ms", "{:.1f}"),
         ("obs -> first action p99 [ms]", "obs_to_action_p99_ms", "{:.1f}"),
+        ("  minus prefill+denoise p99 [ms]", "obs_to_action_over_engine_p99_ms", "{:.1f}"),
         ("node obs -> hand-off p50 [ms]", "node_obs_to_handoff_p50_ms", "{:.1f}"),
         ("node obs -> hand-off p99 [ms]", "node_obs_to_handoff_p99_ms", "{:.1f}"),
         ("hand-off -> publish p99 [ms]", "handoff_to_publish_p99_ms", "{:.2f}"),
@@ -416,6 +492,23 @@ def print_table(result: dict, out: Path) -> None:
         ("engine prefill+denoise p50 [ms]", "engine_prefill_denoise_p50_ms", "{:.1f}"),
         ("engine prefill+denoise p99 [ms]", "engine_prefill_denoise_p99_ms", "{:.1f}"),
         ("engine frames", "engine_frames", "{}"),
+        ("decomposition, p50 / p99 [ms]:", None, ""),
+        ("  perception: stamp -> publish", "perception_age", "p"),
+        ("  perception: build (fuse+convert)", "perception_build", "p"),
+        ("  stamp -> inference arrival", "age_at_arrival", "p"),
+        ("  arrival -> taken by the engine", "inbox_wait", "p"),
+        ("    of it in previous language", "wait_in_language", "p"),
+        ("  taken -> Engine.step", "pre_step", "p"),
+        ("    of it deserialise+convert", "decode", "p"),
+        ("  engine action path", "engine_action", "p"),
+        ("  rest (latency - parts)", "unaccounted", "p"),
+        ("engine language per frame", "language", "p"),
+        ("engine idle between frames", "engine_idle", "p"),
+        ("  of it pick-up wait for a frame", "pickup_wait", "p"),
+        ("frames waited for / timeouts", "frames_waited_for", "w"),
+        ("pick-up idle in phase [s]", "pickup_idle_s", "{:.2f}"),
+        ("frame period at inference [ms]", "frame_period_ms", "{:.1f}"),
+        ("perception frame rate [Hz]", "perception_rate_hz", "{:.1f}"),
         ("new chunks / s", "chunk_rate_hz", "{:.2f}"),
         ("coverage p50 [s]", "coverage_p50_s", "{:.2f}"),
         ("coverage min [s]", "coverage_min_s", "{:.2f}"),
@@ -428,15 +521,35 @@ def print_table(result: dict, out: Path) -> None:
         f"{result['machine']['cpus']} CPUs, load average {result['machine']['load_avg_1m']:.1f})"
         f", startup {result['startup_s']:.1f} s"
     )
+    print(
+        f"frame_trigger {idle['frame_trigger']}, frame_pickup {idle['frame_pickup']}; "
+        "perception rows: its last 10 s"
+    )
     print(f"{'metric':<34} {'no language':>12} {'language load':>14}")
+
+    def cell(phase: dict, key: str | None, fmt: str) -> str:
+        if key is None:
+            return ""
+        if fmt == "p":  # a p50 / p99 pair
+            return f"{phase[key + '_p50_ms']:.1f} / {phase[key + '_p99_ms']:.1f}"
+        if fmt == "w":
+            return f"{phase['frames_waited_for']:.0f} / {phase['frame_wait_timeouts']:.0f}"
+        return fmt.format(phase[key])
+
     for label, key, fmt in rows:
-        print(f"{label:<34} {fmt.format(idle[key]):>12} {fmt.format(loaded[key]):>14}")
+        print(f"{label:<34} {cell(idle, key, fmt):>12} {cell(loaded, key, fmt):>14}")
     speech = result["first_speech_token_ms"]
     print(
         f"{'first speech token [ms]':<34} {'':>12} "
         f"{'p50 {:.0f}, max {:.0f}'.format(speech['p50'], speech['max']):>14}"
     )
     print(f"{'speech requests finished':<34} {'':>12} {loaded['speech_requests_finished']:>14}")
+    bar = result["bar"]
+    print(
+        f"{'issue 11 bar met':<34} {bar['no_language']!s:>12} {bar['language_load']!s:>14}"
+        f"  (obs -> action p99 <= prefill+denoise p99 + {BAR_OVER_ENGINE_MS:g} ms, jitter p99"
+        f" <= {BAR_JITTER_P99_MS:g} ms, 70.00 Hz)"
+    )
     print(f"json: {out}")
     print(
         f"action_rate_hz={loaded['action_rate_hz']:.2f} "

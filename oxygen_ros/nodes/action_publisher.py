@@ -190,10 +190,20 @@ class ActionPublisher:
         self._handoff_delay = SlidingWindow(params["stats_window_s"])
 
     # ------------------------------------------------------------------ other threads
-    def hand_off(self, actions: np.ndarray, observation_stamp: float, latency_s: float) -> None:
+    def hand_off(
+        self,
+        actions: np.ndarray,
+        observation_stamp: float,
+        latency_s: float,
+        handed_at: float | None = None,
+    ) -> None:
         """Engine thread: a chunk the engine just denoised; the publisher thread offers and
-        publishes it at once. Feeds the watchdog when the observation was fresh."""
-        handed = HandOff(actions, observation_stamp, latency_s, self._monotonic())
+        publishes it at once. Feeds the watchdog when the observation was fresh. `handed_at`:
+        monotonic time of the engine's hand-off when it happened elsewhere (another process:
+        `action_process`); default now."""
+        if handed_at is None:
+            handed_at = self._monotonic()
+        handed = HandOff(actions, observation_stamp, latency_s, handed_at)
         with self._cond:
             if latency_s <= self._params["watchdog_timeout_s"]:
                 self._watchdog.feed(observation_stamp + latency_s)

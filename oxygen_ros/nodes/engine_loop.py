@@ -2,9 +2,25 @@
 
 Builds and warms up the engine, then per frame: the newest serialized ObservationFrame (plus
 the queued language requests) -> deserialize and check it -> `Engine.step`, whose `on_actions`
-hands the chunk to the `ActionPublisher` the moment it is denoised (before the frame's
+hands the chunk to the action publisher (`ChunkSink`: the node's `ActionLink` to its action
+process, or an `ActionPublisher` in tests) the moment it is denoised (before the frame's
 language work) -> the frame's language outputs to the `RequestBook`, finished ones to the
 node (`on_finished`: counters, memory entries).
+
+Pick-up (`frame_pickup`): `newest` starts the newest frame the moment the engine is free.
+`on_arrival` is for a saturated engine (a frame takes longer than the observation period, so
+the newest frame has usually waited 0..1 period when the engine becomes free): if the newest
+frame has waited longer than `frame_pickup_fresh_s` (or was already used), the engine waits
+for the next frame to arrive and starts it at once; the wait is bounded by
+`PICKUP_MAX_WAIT_PERIODS` frame periods (the median interval of recent arrivals), after which
+the newest frame is taken, so nothing stalls. Counted: `frames_waited_for` (a new frame came),
+`frame_wait_timeouts` (the bound was hit), `pickup_idle_s` (engine time spent waiting).
+
+Diagnostics decompose observation -> hand-off per frame (p50/p99 over `stats_window_s`):
+age at arrival (arrival in the node - stamp, node clock), wait in the inbox (arrival -> taken,
+and the part of it that overlaps the previous frame's language work), pre-step (taken ->
+`Engine.step`: deserialisation, which is also reported alone, checks and bookkeeping), the
+engine's action path, and the rest (`frame.unaccounted`).
 
 Invariants:
 - No engine call outside this thread.
@@ -17,7 +33,8 @@ Invariants:
 - An exception in a frame (an engine fault, or the test-only `fault_injection`) ends every
   in-flight request with an error final message (and aborts it in the engine where it still
   can); the loop serves on.
-- The hand-off costs the engine thread a lock and a notify (no message is built there).
+- The hand-off costs the engine thread a lock and a notify, or one write to the action
+  process's socket (no message is built there).
 """
 
 from __future__ import annotations
@@ -25,28 +42,48 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import math
 import os
+import statistics
 import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from rclpy.serialization import deserialize_message
 
 from oxygen_ros.engine.types import ActionResult, FrameResult, LanguageRequest
 from oxygen_ros.msg import ObservationFrame
-from oxygen_ros.nodes.action_publisher import ActionPublisher
 from oxygen_ros.nodes.conversions import RejectedFrameError, observation_from_msg
 from oxygen_ros.nodes.request_book import Finished, RequestBook
 from oxygen_ros.nodes.sliding_window import SlidingWindow
 
 ENGINE_WAIT_S = 0.1  # the thread wakes at least this often to notice shutdown
+PICKUP_MAX_WAIT_PERIODS = 1.5  # on_arrival: longest wait for a new frame, in frame periods
+ARRIVAL_HISTORY = 16  # arrival intervals the frame period is the median of
 FRAME_FUTURE_TOLERANCE_S = 0.5  # frames stamped further ahead of the node's clock are rejected
 THROTTLE_S = 5.0
 # Parameters read live (the node's NodeParameters, or a dict in tests).
-PARAMETERS = ("warmup", "max_chunk_age_s", "fault_injection", "stats_window_s")
+PARAMETERS = (
+    "warmup",
+    "max_chunk_age_s",
+    "fault_injection",
+    "stats_window_s",
+    "frame_pickup",
+    "frame_pickup_fresh_s",
+)
+
+
+class ChunkSink(Protocol):
+    """Where the engine thread hands chunks (`ActionPublisher`, `action_process.ActionLink`)."""
+
+    def hand_off(
+        self, actions: np.ndarray, observation_stamp: float, latency_s: float
+    ) -> None: ...
+
+    def set_hold_positions(self, positions: np.ndarray) -> None: ...
 
 
 class InjectedFaultError(RuntimeError):
@@ -63,16 +100,68 @@ class FrameFormat:
     resolution: tuple[int, int]  # the model's image height, width
 
 
+@dataclasses.dataclass(frozen=True)
+class PickupPolicy:
+    """How the engine picks its next frame (`frame_pickup`, `frame_pickup_fresh_s`)."""
+
+    wait_for_arrival: bool = False  # on_arrival: wait for a new frame when the newest is old
+    fresh_s: float = 0.005  # a frame that has waited at most this long is started at once
+
+
+def pickup_wait_s(policy: PickupPolicy, age_s: float, used: bool, period_s: float) -> float:
+    """How long the engine, free now, waits for a newer frame (0: take the newest now).
+
+    Args:
+        policy: The pick-up policy.
+        age_s: How long the newest frame has waited since it arrived.
+        used: The newest frame already ran (it is offered again for queued requests).
+        period_s: Median interval between frame arrivals (NaN while unknown).
+    """
+    if not policy.wait_for_arrival or not math.isfinite(period_s):
+        return 0.0
+    if not used and age_s <= policy.fresh_s:
+        return 0.0
+    return PICKUP_MAX_WAIT_PERIODS * period_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Pickup:
+    """A frame the engine took, with when (monotonic seconds unless noted)."""
+
+    data: bytes  # serialized ObservationFrame
+    key: int  # its number among the frames received
+    prompt: str  # the task prompt when it was taken
+    arrival_clock_s: float  # node clock when it arrived (compared with its stamp)
+    arrival_s: float  # when it arrived
+    taken_s: float  # when the engine took it
+    policy_wait_s: float = 0.0  # time the pick-up policy waited for a newer frame
+    # The policy's wait: "" (none), "arrived" (this frame came meanwhile) or "timed_out"
+    # (none came within the bound; this is the newest older frame).
+    wait_outcome: str = ""
+
+
 class FrameInbox:
     """The newest serialized ObservationFrame and the task prompt, from the node's callbacks to
     the engine thread (only the newest frame matters; older ones are overwritten)."""
 
-    def __init__(self, prompt: str) -> None:
+    def __init__(
+        self,
+        prompt: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._cond = threading.Condition()
+        self._clock = clock  # the node's clock (stamps)
+        self._monotonic = monotonic
         self._frame: bytes | None = None
         self._key = 0  # frames received so far
         self._used_key = 0  # key of the last frame taken
+        self._arrival_clock = math.nan  # of the newest frame
+        self._arrival = math.nan
+        self._intervals: collections.deque[float] = collections.deque(maxlen=ARRIVAL_HISTORY)
         self._prompt = prompt
+        self.waiting_for_arrival = False  # `take` is in the pick-up policy's wait
 
     @property
     def prompt(self) -> str:
@@ -80,9 +169,13 @@ class FrameInbox:
             return self._prompt
 
     def put_frame(self, data: bytes) -> None:
+        arrival_clock, arrival = self._clock(), self._monotonic()
         with self._cond:
+            if self._key:
+                self._intervals.append(arrival - self._arrival)
             self._frame = data
             self._key += 1
+            self._arrival_clock, self._arrival = arrival_clock, arrival
             self._cond.notify_all()
 
     def set_prompt(self, prompt: str) -> None:
@@ -94,11 +187,21 @@ class FrameInbox:
         with self._cond:
             self._cond.notify_all()
 
+    def frame_period_s(self) -> float:
+        """Median interval between the last `ARRIVAL_HISTORY` + 1 arrivals (NaN before two)."""
+        with self._cond:
+            return statistics.median(self._intervals) if self._intervals else math.nan
+
     def take(
-        self, has_requests: Callable[[], bool], stop: threading.Event, timeout_s: float
-    ) -> tuple[bytes, int, str] | None:
-        """Waits up to `timeout_s` for a new frame, or for requests and any frame; returns
-        (frame, key, prompt), or None (nothing to do, or `stop` is set)."""
+        self,
+        has_requests: Callable[[], bool],
+        stop: threading.Event,
+        timeout_s: float,
+        policy: PickupPolicy = PickupPolicy(),
+    ) -> Pickup | None:
+        """Waits up to `timeout_s` for a new frame, or for requests and any frame, then applies
+        the pick-up `policy` (`pickup_wait_s`); returns the frame taken, or None (nothing to do,
+        or `stop` is set)."""
 
         def ready() -> bool:
             return self._frame is not None and (self._key != self._used_key or has_requests())
@@ -107,8 +210,34 @@ class FrameInbox:
             self._cond.wait_for(lambda: stop.is_set() or ready(), timeout=timeout_s)
             if stop.is_set() or not ready():
                 return None
+            now = self._monotonic()
+            used = self._key == self._used_key
+            intervals = self._intervals
+            period = statistics.median(intervals) if intervals else math.nan
+            wait = pickup_wait_s(policy, now - self._arrival, used, period)
+            policy_wait, outcome = 0.0, ""
+            if wait > 0:
+                key = self._key
+                self.waiting_for_arrival = True
+                try:
+                    self._cond.wait_for(lambda: stop.is_set() or self._key != key, timeout=wait)
+                finally:
+                    self.waiting_for_arrival = False
+                if stop.is_set():
+                    return None
+                outcome = "arrived" if self._key != key else "timed_out"
+                policy_wait = self._monotonic() - now
             self._used_key = self._key
-            return self._frame, self._key, self._prompt
+            return Pickup(
+                self._frame,
+                self._key,
+                self._prompt,
+                self._arrival_clock,
+                self._arrival,
+                self._monotonic(),
+                policy_wait,
+                outcome,
+            )
 
     def drop(self, key: int) -> None:
         """Forgets frame `key` if it is still the newest (it is not used again)."""
@@ -123,7 +252,8 @@ class EngineLoop:
     `params` is read live (keys in `PARAMETERS`). `reject(reason, message)` counts and warns
     about a rejected frame; `on_finished` gets each request the engine reported finished;
     `logger` is the node's (rclpy logger calls). `engine_factory` builds the engine (in this
-    thread: importing JAX and building the model take seconds).
+    thread: importing JAX and building the model take seconds). `monotonic` must be the
+    inbox's monotonic clock too (the diagnostics compare arrival and engine times).
     """
 
     def __init__(
@@ -132,7 +262,7 @@ class EngineLoop:
         frame_format: FrameFormat,
         inbox: FrameInbox,
         book: RequestBook,
-        publisher: ActionPublisher,
+        publisher: ChunkSink,
         params: Mapping[str, Any],
         *,
         clock: Callable[[], float],
@@ -159,10 +289,39 @@ class EngineLoop:
         self._thread = threading.Thread(target=self.run, name="engine", daemon=True)
         self._engine_stats: dict[str, object] = {}
         self._frame_time_s = float("nan")
+        self.pickup_idle_s = 0.0  # engine time the pick-up policy spent waiting for frames
         window = params["stats_window_s"]
         self._action_path = SlidingWindow(window)  # FrameTimings.action_s
         self._prefill_denoise = SlidingWindow(window)  # prefill_s + denoise_s
         self._handoff_latency = SlidingWindow(window)  # ActionResult.latency_s
+        # Observation -> hand-off, decomposed (see the module docstring).
+        self._age_at_arrival = SlidingWindow(window)
+        self._inbox_wait = SlidingWindow(window)  # arrival -> taken
+        self._wait_in_language = SlidingWindow(window)  # of that, during the previous language
+        self._pickup_wait = SlidingWindow(window)  # the policy's wait before it arrived (idle)
+        self._pre_step = SlidingWindow(window)  # taken -> Engine.step
+        self._decode_time = SlidingWindow(window)  # deserialise + convert
+        self._unaccounted = SlidingWindow(window)  # latency - the parts above - action path
+        self._language = SlidingWindow(window)  # FrameTimings.total_s - action_s
+        self._idle = SlidingWindow(window)  # previous frame's end -> taken (any cause)
+        self._windows = (
+            ("frame.action_path", self._action_path),
+            ("frame.prefill_denoise", self._prefill_denoise),
+            ("frame.obs_to_handoff", self._handoff_latency),
+            ("frame.age_at_arrival", self._age_at_arrival),
+            ("frame.inbox_wait", self._inbox_wait),
+            ("frame.wait_in_language", self._wait_in_language),
+            ("frame.pickup_wait", self._pickup_wait),
+            ("frame.pre_step", self._pre_step),
+            ("frame.decode", self._decode_time),
+            ("frame.unaccounted", self._unaccounted),
+            ("frame.language", self._language),
+            ("frame.engine_idle", self._idle),
+        )
+        # Monotonic times of the previous frame run: chunk handed over, frame ended (outputs
+        # sent); its language work is the span between them.
+        self._previous: tuple[float, float] | None = None
+        self._handoff_s = math.nan  # when this frame's chunk was handed over
 
     # ------------------------------------------------------------------ other threads
     def start(self) -> None:
@@ -189,15 +348,15 @@ class EngineLoop:
             "engine_state": self.state,
             "frame_time_s": self._frame_time_s,
         }
-        for name, window in (
-            ("frame.action_path", self._action_path),
-            ("frame.prefill_denoise", self._prefill_denoise),
-            ("frame.obs_to_handoff", self._handoff_latency),
-        ):
+        for name, window in self._windows:
             window.window_s = self._params["stats_window_s"]
-            values[f"{name}_p50_ms"] = 1e3 * window.percentile(50, t)
-            values[f"{name}_p99_ms"] = 1e3 * window.percentile(99, t)
+            p50, p99 = window.percentiles((50, 99), t)
+            values[f"{name}_p50_ms"] = 1e3 * p50
+            values[f"{name}_p99_ms"] = 1e3 * p99
         values["frame.count_in_window"] = self._action_path.count(t)
+        values["frame_pickup"] = self._params["frame_pickup"]
+        values["frame_period_ms"] = 1e3 * self._inbox.frame_period_s()
+        values["pickup_idle_s"] = self.pickup_idle_s
         values.update((f"engine.{k}", v) for k, v in self._engine_stats.items())
         return values
 
@@ -226,24 +385,35 @@ class EngineLoop:
         self.state = "ready"
         self._logger.info("engine ready")
         while not self._stop.is_set():
-            work = self._inbox.take(self._queue.has_queued, self._stop, ENGINE_WAIT_S)
-            if work is not None:
-                self.run_frame(engine, *work, self._queue.take())
+            pickup = self._inbox.take(
+                self._queue.has_queued, self._stop, ENGINE_WAIT_S, self.pickup_policy()
+            )
+            if pickup is not None:
+                self.run_frame(engine, pickup, self._queue.take())
 
-    def run_frame(
-        self, engine: Any, data: bytes, key: int, prompt: str, requests: list[LanguageRequest]
-    ) -> None:
+    def pickup_policy(self) -> PickupPolicy:
+        """The pick-up policy from the live parameters."""
+        return PickupPolicy(
+            self._params["frame_pickup"] == "on_arrival", self._params["frame_pickup_fresh_s"]
+        )
+
+    def run_frame(self, engine: Any, pickup: Pickup, requests: list[LanguageRequest]) -> None:
         """One frame: checks it, steps the engine, hands its chunk over, sends its outputs."""
-        observation = self._decode(data, key, requests, prompt)
+        self._count_pickup(pickup)
+        observation = self._decode(pickup.data, pickup.key, requests, pickup.prompt)
         if observation is None:
             return
+        prompt = pickup.prompt
+        decoded = self._monotonic()
         self._publisher.set_hold_positions(observation.state[: self._format.num_joints])
         fault = self._params["fault_injection"]
         started = self._clock()
+        self._handoff_s = math.nan
         try:
             for request_id in self._queue.take_aborts():
                 engine.abort(request_id)  # its final (aborted) output comes with this step
             self._book.admit(requests, observation.stamp, prompt)
+            step_start = self._monotonic()
             result = engine.step(
                 observation, requests, on_actions=lambda r: self._hand_off(r, fault)
             )
@@ -255,14 +425,17 @@ class EngineLoop:
         if self._stop.is_set():
             return  # shutting down: the node ends these requests and closes the database
         self._record(engine, result, started)
+        self._record_path(pickup, observation.stamp, result, decoded, step_start)
         stamp = self._clock()  # one header stamp for every output of the frame
         for output in result.outputs:
             finished = self._book.on_output(output, stamp, observation.stamp, prompt)
             if finished is not None:
                 self._on_finished(finished)
+        self._previous = (self._handoff_s, self._monotonic())
 
     def _hand_off(self, result: ActionResult, fault: str) -> None:
         """`on_actions`: in the engine thread, before the frame's language work."""
+        self._handoff_s = self._monotonic()
         actions = result.actions
         if fault == "nan_chunk":  # test only: one NaN poisons the whole chunk
             actions = np.array(actions, dtype=np.float32, copy=True)
@@ -316,6 +489,44 @@ class EngineLoop:
         self._frame_time_s = self._clock() - started
         self.counters["frames_run"] += 1
         self._engine_stats = flatten_stats(engine.stats())
+
+    def _count_pickup(self, pickup: Pickup) -> None:
+        if pickup.wait_outcome:
+            arrived = pickup.wait_outcome == "arrived"
+            self.counters["frames_waited_for" if arrived else "frame_wait_timeouts"] += 1
+            self.pickup_idle_s += pickup.policy_wait_s
+
+    def _record_path(
+        self,
+        pickup: Pickup,
+        stamp: float,
+        result: FrameResult,
+        decoded: float,
+        step_start: float,
+    ) -> None:
+        """Windows of the observation -> hand-off decomposition (module docstring)."""
+        t = self._monotonic()
+        timings = result.timings
+        age = pickup.arrival_clock_s - stamp
+        wait = pickup.taken_s - pickup.arrival_s
+        pre_step = step_start - pickup.taken_s
+        in_language = 0.0
+        if self._previous is not None:
+            handoff, end = self._previous
+            if math.isfinite(handoff):
+                lo, hi = max(pickup.arrival_s, handoff), min(pickup.taken_s, end)
+                in_language = max(hi - lo, 0.0)
+            self._idle.add(pickup.taken_s - end, t)
+        self._age_at_arrival.add(age, t)
+        self._inbox_wait.add(wait, t)
+        self._wait_in_language.add(in_language, t)
+        self._pickup_wait.add(pickup.policy_wait_s, t)
+        self._pre_step.add(pre_step, t)
+        self._decode_time.add(decoded - pickup.taken_s, t)
+        self._language.add(timings.total_s - timings.action_s, t)
+        if result.actions is not None:
+            parts = age + wait + pre_step + timings.action_s
+            self._unaccounted.add(result.actions.latency_s - parts, t)
 
     def _engine_fault(self, engine: Any, exc: Exception) -> None:
         """Logs the cause and ends every in-flight request with an error final message."""

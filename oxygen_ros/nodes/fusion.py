@@ -1,8 +1,10 @@
 """Fusion of camera images and joint states into one observation per tick (ROS-free).
 
 The perception node feeds every accepted sample in (`add_image`, `add_joint_state`) and asks
-for a frame at `observation_rate_hz` (`fuse`). Images are opaque payloads here (the node
-converts only the ones a frame uses), so this module is pure bookkeeping over stamps.
+for a frame (`fuse`): on a timer at `observation_rate_hz`, or, with `frame_trigger:
+joint_state`, when a new joint snapshot completes, thinned to at most `observation_rate_hz` by
+`SnapshotTrigger`. Images are opaque payloads here (the node converts only the ones a frame
+uses), so this module is pure bookkeeping over stamps.
 
 Invariants:
 - The frame stamp is the stamp of a joint-state snapshot; a snapshot exists only once every
@@ -21,6 +23,11 @@ Invariants:
   absent, or when cameras are configured but none is valid.
 - Rejected input (non-finite values, mismatched lengths, stamps out of order or further than
   `future_tolerance_s` in the future) raises `RejectedInputError` and leaves the state unchanged.
+- `SnapshotTrigger` passes each joint snapshot stamp at most once, only stamps newer than the
+  last one it passed, and at most `rate_hz` of them per second over any span (a token bucket
+  of `RATE_BURST_FRAMES` tokens refilled at `rate_hz`: at most rate_hz * span + 2), so a
+  source at the same nominal rate passes every snapshot despite each arrival being up to half
+  a period off its grid.
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+FRAME_TRIGGERS = ("timer", "joint_state")  # perception's `frame_trigger` values
+RATE_BURST_FRAMES = 2.0  # SnapshotTrigger's bucket: tolerates +-half a period of jitter
 
 
 class RejectedInputError(ValueError):
@@ -206,6 +216,11 @@ class Fuser:
         self._prune(now)
         return unknown
 
+    @property
+    def newest_snapshot_stamp(self) -> float | None:
+        """Stamp of the newest complete joint snapshot (None before the first one)."""
+        return self._snapshots[-1].stamp if self._snapshots else None
+
     def missing_joints(self) -> list[str]:
         """Configured joints that have never been received."""
         return [
@@ -326,3 +341,33 @@ class Fuser:
                 payloads.popleft()
         while len(self._snapshots) > 1 and self._snapshots[0].stamp < horizon:
             self._snapshots.popleft()
+
+
+class SnapshotTrigger:
+    """`frame_trigger: joint_state`: which new joint snapshots get a frame (see the module
+    docstring). `offer` at most once per snapshot; times are seconds of one clock."""
+
+    def __init__(self, rate_hz: float) -> None:
+        self.rate_hz = rate_hz  # may change between offers (a runtime parameter)
+        self._tokens = RATE_BURST_FRAMES
+        self._last_time: float | None = None  # time of the last offer
+        self._last_stamp = -math.inf  # newest stamp passed
+
+    def offer(self, stamp: float, now: float) -> str:
+        """Whether the snapshot stamped `stamp`, completed at `now`, gets a frame.
+
+        Returns:
+            "" (build it: the snapshot is passed) or why not: "not_newer" (a frame with this
+            or a newer stamp was passed), "rate_limited" (more than `rate_hz`).
+        """
+        if self._last_time is not None:
+            elapsed = max(now - self._last_time, 0.0)
+            self._tokens = min(self._tokens + elapsed * self.rate_hz, RATE_BURST_FRAMES)
+        self._last_time = now
+        if stamp <= self._last_stamp:
+            return "not_newer"
+        if self._tokens < 1.0:
+            return "rate_limited"
+        self._tokens -= 1.0
+        self._last_stamp = stamp
+        return ""

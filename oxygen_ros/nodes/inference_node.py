@@ -2,14 +2,18 @@
 
 The node holds parameters, publishers, subscriptions, services and timers, and wires three
 units together, one job each:
-- `engine_loop.EngineLoop`, the engine thread: newest ObservationFrame + queued language
-  requests -> `Engine.step`; its `on_actions` hands the chunk over the moment it is denoised;
-- `action_publisher.ActionPublisher`, the action publisher thread (SCHED_FIFO when
-  `action_thread_priority` > 0 and permitted): a new chunk at once (`TRIGGER_NEW_CHUNK`), then
-  ticks at `action_rate_hz` on absolute deadlines (`TRIGGER_TICK`, a late tick is skipped),
-  and the watchdog. A plain thread rather than a ROS timer: a timer dispatched through the
-  Python executor needs several GIL hand-overs per tick and missed ticks next to the engine
-  (measured 67 Hz instead of 70);
+- `engine_loop.EngineLoop`, the engine thread: newest ObservationFrame (or, with
+  `frame_pickup: on_arrival`, the next one to arrive when the newest has waited too long) +
+  queued language requests -> `Engine.step`; its `on_actions` hands the chunk over the moment
+  it is denoised;
+- `action_publisher.ActionPublisher`, in a child process of its own (`action_process`: node
+  `<name>_actions`, its thread SCHED_FIFO when `action_thread_priority` > 0 and permitted):
+  a new chunk at once (`TRIGGER_NEW_CHUNK`), then ticks at `action_rate_hz` on absolute
+  deadlines (`TRIGGER_TICK`, a late tick is skipped), and the watchdog. Not a ROS timer (a
+  timer dispatched through the Python executor missed ticks next to the engine: 67 Hz instead
+  of 70) and not a thread of this process (it would wait for this process's GIL at every
+  tick: `action_process` has the measurements); the engine thread hands chunks over through
+  `ActionLink`;
 - `request_book.RequestBook`: every accepted language request ends with exactly one final
   SpeechToken (finished, aborted, refused or failed), also when the engine raises.
 A single-threaded executor runs the callbacks here (observation bytes, instruction, services,
@@ -29,27 +33,21 @@ from __future__ import annotations
 import collections
 import os
 import sys
-import threading
 from collections.abc import Sequence
 
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.node import Node
 from std_msgs.msg import String
-from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.engine.types import RequestKind, RequestOutput
-from oxygen_ros.msg import ActionChunk, MemoryEntry, ObservationFrame, SpeechToken
+from oxygen_ros.msg import MemoryEntry, ObservationFrame, SpeechToken
 from oxygen_ros.nodes import params as P
-from oxygen_ros.nodes.action_publisher import (
-    ActionPublisher,
-    raise_thread_priority,
-)
-from oxygen_ros.nodes.action_stream import Slice, StreamConfig
+from oxygen_ros.nodes.action_process import ActionProcess, ActionProcessConfig
+from oxygen_ros.nodes.action_publisher import PARAMETERS as ACTION_PARAMETERS
+from oxygen_ros.nodes.action_stream import StreamConfig
 from oxygen_ros.nodes.conversions import (
     MSG_TO_KIND,
-    action_chunk_msg,
-    joint_trajectory_msg,
     memory_entry_msg,
     seconds_to_time,
     speech_token_msg,
@@ -62,7 +60,6 @@ from oxygen_ros.nodes.request_book import Finished, RequestBook
 from oxygen_ros.nodes.runtime import (
     LATCHED_QOS,
     OBSERVATION_QOS,
-    RELIABLE_QOS,
     SERVICE_QOS,
     SPEECH_QOS,
     ReasonThrottle,
@@ -75,7 +72,7 @@ from oxygen_ros.srv import QueryMemory, RequestLanguage
 
 THROTTLE_S = 5.0
 ENGINE_JOIN_S = 3.0  # at shutdown, how long to wait for a frame in progress
-ACTIONS_JOIN_S = 2.0
+ACTIONS_JOIN_S = 2.0  # at shutdown, how long the action process may take to exit
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
@@ -108,16 +105,11 @@ class InferenceNode(Node):
         self.counters: collections.Counter[str] = collections.Counter()
         self._throttle = ReasonThrottle(THROTTLE_S)  # per rejection reason
         self._token_rate = RateMeter()
-        self._trajectory_chunk: int | None = None  # chunk_id of the last JointTrajectory
+        self._closing = False  # close() started: the action process is told to stop
+        self._actions_failed = False  # the action process ended on its own
 
-        # Publishers.
+        # Publishers (actions and trajectories: the action process's).
         self._io_group = MutuallyExclusiveCallbackGroup()
-        self._action_pub = self.create_publisher(ActionChunk, p["actions_topic"], RELIABLE_QOS)
-        self._trajectory_pub = (
-            self.create_publisher(JointTrajectory, p["joint_trajectory_topic"], RELIABLE_QOS)
-            if p["publish_joint_trajectory"]
-            else None
-        )
         self._speech_pub = self.create_publisher(SpeechToken, p["speech_topic"], SPEECH_QOS)
         self._memory_pub = self.create_publisher(
             MemoryEntry, p["memory_topic"], latched_qos(p["memory_republish_count"])
@@ -128,15 +120,30 @@ class InferenceNode(Node):
         clock = lambda: now_s(self)  # noqa: E731  (the node's ROS clock: observation stamps)
         self._queue = LanguageQueue(p["max_pending_requests"])
         self._book = RequestBook(self._queue, self._send_speech, clock)
-        self._inbox = FrameInbox(self._clean_instruction(p["default_instruction"]) or "")
-        self._publisher = ActionPublisher(
-            stream_config,
-            model.action_horizon,
-            p,
-            self._publish_actions,
-            clock,
+        self._inbox = FrameInbox(
+            self._clean_instruction(p["default_instruction"]) or "", clock=clock
+        )
+        self._actions = ActionProcess.start(
+            ActionProcessConfig(
+                node_name=f"{self.get_name()}_actions",
+                namespace=self.get_namespace(),
+                actions_topic=self.resolve_topic_name(p["actions_topic"]),
+                trajectory_topic=(
+                    self.resolve_topic_name(p["joint_trajectory_topic"])
+                    if p["publish_joint_trajectory"]
+                    else ""
+                ),
+                frame_id=p["frame_id"],
+                joint_names=self._joint_names,
+                horizon=model.action_horizon,
+                stream=stream_config,
+                params={name: p[name] for name in ACTION_PARAMETERS},
+                priority=p["action_thread_priority"],
+                use_sim_time=bool(self.get_parameter("use_sim_time").value),
+            ),
             on_reject=self._reject,
             on_watchdog=self._on_watchdog,
+            on_ready=self._on_actions_ready,
         )
 
         def engine_factory():
@@ -151,15 +158,12 @@ class InferenceNode(Node):
             ),
             self._inbox,
             self._book,
-            self._publisher,
+            self._actions.link,
             p,
             clock=clock,
             logger=self.get_logger(),
             reject=self._reject,
             on_finished=self._on_finished,
-        )
-        self._action_thread = threading.Thread(
-            target=self._action_main, name="actions", daemon=True
         )
 
         # Inputs, services, timers.
@@ -216,21 +220,32 @@ class InferenceNode(Node):
 
         self._republish_memory()
         self._engine.start()
-        self._action_thread.start()
         self.get_logger().info(
             f"engine {model.name} loading; actions at {p['action_rate_hz']:g} Hz on "
-            f"{self._action_pub.topic_name}, memory in {self._store.path} "
+            f"{self.resolve_topic_name(p['actions_topic'])} (process "
+            f"{self._actions.popen.pid}), memory in {self._store.path} "
             f"(last id {self._store.last_id()})"
         )
 
     @property
     def stop_requested(self) -> bool:
-        """True when the engine failed to start: ends the spin (`run_node`)."""
-        return self._engine.state == "failed"
+        """True when the engine failed to start or the action process ended: ends the spin
+        (`run_node`)."""
+        return self._engine.state == "failed" or self._actions_lost()
 
     @property
     def exit_code(self) -> int:
-        return 1 if self._engine.state == "failed" else 0
+        return 1 if self._engine.state == "failed" or self._actions_failed else 0
+
+    def _actions_lost(self) -> bool:
+        """The action process ended without being told to (logged once)."""
+        if not self._actions_failed and not self._closing and not self._actions.alive():
+            self._actions_failed = True
+            self.get_logger().fatal(
+                f"the action process exited (code {self._actions.popen.poll()}); no actions "
+                "are published, stopping"
+            )
+        return self._actions_failed
 
     # ================================================================ configuration
     def _stream_config(self) -> StreamConfig:
@@ -252,8 +267,8 @@ class InferenceNode(Node):
         return self.params[name] or 1.0
 
     def _on_params(self, changed: dict) -> None:
-        # action_rate_hz, watchdog_*, stats_window_s, max_chunk_age_s and fault_injection are
-        # read live by the units.
+        # action_rate_hz, watchdog_*, stats_window_s, max_chunk_age_s, frame_pickup* and
+        # fault_injection are read live by the units.
         if "action_rate_hz" in changed:
             self.get_logger().info(f"action_rate_hz -> {changed['action_rate_hz']:g}")
         for name, timer in (
@@ -264,8 +279,11 @@ class InferenceNode(Node):
         ):
             if name in changed:
                 timer.timer_period_ns = int(1e9 * self._period(name))
+        self._actions.link.set_params(
+            {name: changed[name] for name in ACTION_PARAMETERS if name in changed}
+        )
         if {"blend_steps", "max_chunk_age_s"} & set(changed):
-            self._publisher.reconfigure(self._stream_config())
+            self._actions.link.reconfigure(self._stream_config())
         if "fault_injection" in changed:
             fault = changed["fault_injection"]
             self.get_logger().warning(
@@ -353,30 +371,16 @@ class InferenceNode(Node):
         self._throttle.warn(self, reason, message)
 
     # ================================================================ outputs
-    def _action_main(self) -> None:
-        """The action publisher thread."""
+    def _on_actions_ready(self, refusal: str) -> None:
+        """The action process started (its reader thread)."""
         priority = self.params["action_thread_priority"]
-        refused = raise_thread_priority(priority)
-        if refused:
+        if refusal:
             self.get_logger().warning(
                 f"action publisher keeps normal scheduling (SCHED_FIFO {priority} refused: "
-                f"{refused}); its timing then depends on the machine's load"
+                f"{refusal}); its timing then depends on the machine's load"
             )
         elif priority > 0:
-            self.get_logger().info(f"action publisher thread runs SCHED_FIFO priority {priority}")
-        self._publisher.run()
-
-    def _publish_actions(self, piece: Slice, sequence: int, trigger: int) -> None:
-        """The publisher thread's `publish`: one ActionChunk (+ a JointTrajectory per chunk)."""
-        frame_id = self.params["frame_id"]
-        self._action_pub.publish(
-            action_chunk_msg(piece, sequence, self._joint_names, frame_id, trigger)
-        )
-        if self._trajectory_pub is not None and piece.chunk.chunk_id != self._trajectory_chunk:
-            # Once per chunk: JointTrajectoryController interpolates along time_from_start
-            # itself, and a 50-point trajectory costs ~2 ms of GIL to build and send.
-            self._trajectory_chunk = piece.chunk.chunk_id
-            self._trajectory_pub.publish(joint_trajectory_msg(piece, self._joint_names, frame_id))
+            self.get_logger().info(f"action publisher process runs SCHED_FIFO priority {priority}")
 
     def _on_watchdog(self, transition: str) -> None:
         if transition == "tripped":
@@ -434,12 +438,20 @@ class InferenceNode(Node):
     def _publish_diagnostics(self) -> None:
         if not self.params["diagnostics_period_s"]:
             return
-        actions = self._publisher.diagnostics()
+        link = self._actions.link
+        actions = link.diagnostics() if link.ready.is_set() else None
+        if actions is None:  # starting, or not answering (gone: the spin loop ends then)
+            process = "starting" if not link.ready.is_set() else "silent"
+            actions = {"action_rate_hz": 0.0, "watchdog": "unknown", "action_process": process}
         rate = actions["action_rate_hz"]
         target = self.params["action_rate_hz"]
         state = self._engine.state
         if state == "failed":
             level, message = "ERROR", "engine failed to start"
+        elif actions.get("action_process") == "silent":
+            level, message = "ERROR", "action process not answering"
+        elif actions.get("action_process") == "starting":
+            level, message = "WARN", "action process starting"
         elif actions["watchdog"] == "tripped":
             level, message = "ERROR", f"watchdog tripped ({self.params['watchdog_policy']})"
         elif state == "loading":
@@ -480,9 +492,9 @@ class InferenceNode(Node):
         timers = (self._subtask_timer, self._narration_timer, self._memory_timer, self._diag_timer)
         for timer in timers:
             timer.cancel()
-        self._publisher.stop()
+        self._closing = True
+        self._actions.stop(ACTIONS_JOIN_S)
         self._engine.stop()
-        self._action_thread.join(timeout=ACTIONS_JOIN_S)
         if not self._engine.join(ENGINE_JOIN_S):
             doing = "inside a frame" if self._engine.state == "ready" else "loading"
             self.get_logger().warning(
@@ -498,7 +510,8 @@ class InferenceNode(Node):
 
 def main(args: Sequence[str] | None = None) -> int:
     # The engine thread runs Python between device calls; a short switch interval bounds how
-    # long the action publisher waits for the GIL (default 5 ms is a third of a 70 Hz period).
+    # long the executor (frames, services) waits for the GIL meanwhile (the default is 5 ms).
+    # The action publisher has its own process and GIL (`action_process`).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     holder: list[InferenceNode] = []
 

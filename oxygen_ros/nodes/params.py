@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from oxygen_ros.engine.config import PRESET_NAMES
+from oxygen_ros.nodes.fusion import FRAME_TRIGGERS
 
 Check = Callable[[Any], str | None]
 
@@ -356,6 +357,25 @@ PERCEPTION: tuple[ParamSpec, ...] = (
         check=positive_rate(200.0),
     ),
     ParamSpec(
+        "frame_trigger",
+        "joint_state",
+        "when a frame is built: joint_state (as soon as a new joint-state snapshot completes, "
+        "at most observation_rate_hz; the frame leaves right after its stamp) or timer (on a "
+        "free-running timer at observation_rate_hz, with the newest snapshot)",
+        "str",
+        runtime=True,
+        check=one_of(*FRAME_TRIGGERS),
+    ),
+    ParamSpec(
+        "convert_on_arrival",
+        True,
+        "convert each camera image to the model resolution as it arrives (off the frame's "
+        "critical path; costs conversions of images no frame uses when cameras are faster "
+        "than frames) instead of when a frame uses it",
+        "bool",
+        runtime=True,
+    ),
+    ParamSpec(
         "max_skew_s",
         0.05,
         "window all stamps of a frame must fit in",
@@ -413,6 +433,7 @@ PERCEPTION_CAMERA: tuple[ParamSpec, ...] = (
 
 # Test-only faults the inference node can inject into its own frames (see `fault_injection`).
 FAULT_INJECTIONS = ("", "engine_exception", "nan_chunk")
+FRAME_PICKUPS = ("newest", "on_arrival")  # inference's `frame_pickup` (engine_loop.py)
 
 INFERENCE: tuple[ParamSpec, ...] = (
     # engine
@@ -530,7 +551,8 @@ INFERENCE: tuple[ParamSpec, ...] = (
     ParamSpec(
         "action_thread_priority",
         0,
-        "SCHED_FIFO priority of the action publisher thread (0: normal; needs CAP_SYS_NICE)",
+        "SCHED_FIFO priority of the action publisher (its own process; 0: normal; needs "
+        "CAP_SYS_NICE)",
         "int",
         check=int_range(0, 99),
     ),
@@ -607,6 +629,25 @@ INFERENCE: tuple[ParamSpec, ...] = (
         "float",
         runtime=True,
         check=lambda v: None if math.isfinite(v) and 0 < v <= 600 else "must be in (0, 600] s",
+    ),
+    ParamSpec(
+        "frame_pickup",
+        "on_arrival",
+        "which frame the engine starts when it becomes free: newest (the newest frame at once) "
+        "or on_arrival (if the newest frame has already waited longer than "
+        "frame_pickup_fresh_s, wait for the next one to arrive, at most 1.5 measured frame "
+        "periods, then take the newest)",
+        "str",
+        runtime=True,
+        check=one_of(*FRAME_PICKUPS),
+    ),
+    ParamSpec(
+        "frame_pickup_fresh_s",
+        0.005,
+        "on_arrival: a frame that has waited at most this long is started at once",
+        "float",
+        runtime=True,
+        check=float_range(0.0, 1.0),
     ),
     ParamSpec(
         "fault_injection",

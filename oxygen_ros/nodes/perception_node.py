@@ -1,16 +1,25 @@
 """Perception: configured cameras + joint states -> `ObservationFrame`s at observation_rate_hz.
 
 Thin ROS shell around `fusion.Fuser` (which frame to build) and `image_conversion` (pixels):
-subscriptions validate and hand samples to the fuser; a timer builds, converts and publishes.
+subscriptions validate and hand samples to the fuser; a frame is built, converted and
+published when a new joint-state snapshot completes (`frame_trigger: joint_state`, at most
+`observation_rate_hz`: `fusion.SnapshotTrigger`) or on a timer at `observation_rate_hz`
+(`frame_trigger: timer`).
 
 Invariants:
 - Bad input never reaches the model and never stops the node: every rejected message is
   counted by reason (diagnostics `rejected.<reason>`) and logged with a throttled warning.
-- An image is converted (to rgb8 at the model resolution, aspect-preserving with padding) at
-  most once, and only when a frame uses it; frames carry only converted images.
+- An image is converted (to rgb8 at the model resolution, aspect-preserving with padding)
+  when a frame uses it, or, with `convert_on_arrival`, as it arrives (so building a frame
+  costs no conversion when it uses each camera's newest image); the converted image of each
+  camera's newest use is kept, so an image is converted once unless a frame goes back to an
+  older one. Frames carry only converted images.
 - Frames follow `Fuser.fuse`: no frame while the joint state or every camera is stale/absent;
   a frame with a configured camera masked counts `masked.<camera>`, a tick without a frame
-  `skipped.<reason>`.
+  `skipped.<reason>`. With `frame_trigger: joint_state` the timer still ticks at
+  `observation_rate_hz`, only to count and report `skipped.<reason>` when no snapshot came
+  since the previous tick and no frame can be built; snapshots the trigger passes over count
+  `trigger.<reason>`, and no two frames carry the same joint stamp.
 - A sample stamped zero (an unstamped driver) is stamped with its arrival time (counted).
 - An unexpected error while handling one input message drops that message (counted as
   `rejected.internal_error`, logged with its cause); it never ends the node.
@@ -25,6 +34,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import sys
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,7 +45,13 @@ from sensor_msgs.msg import Image, JointState
 from oxygen_ros.msg import ObservationFrame
 from oxygen_ros.nodes import params as P
 from oxygen_ros.nodes.conversions import observation_frame_msg, time_to_seconds
-from oxygen_ros.nodes.fusion import CameraSpec, Fuser, FusionConfig, RejectedInputError
+from oxygen_ros.nodes.fusion import (
+    CameraSpec,
+    Fuser,
+    FusionConfig,
+    RejectedInputError,
+    SnapshotTrigger,
+)
 from oxygen_ros.nodes.image_conversion import (
     ImageConversionError,
     check_image,
@@ -50,9 +66,11 @@ from oxygen_ros.nodes.runtime import (
     publish_status,
     run_node,
 )
+from oxygen_ros.nodes.sliding_window import SlidingWindow
 
 THROTTLE_S = 5.0  # at most one warning per call site per this many seconds
 RATE_WINDOW_S = 2.0
+STATS_WINDOW_S = 10.0  # frame age / build time percentiles in diagnostics
 
 
 class PerceptionNode(Node):
@@ -100,6 +118,11 @@ class PerceptionNode(Node):
         self._sequence = 0
         self._publish_times: collections.deque[float] = collections.deque()
         self._last_skip_reason = ""
+        self._trigger = SnapshotTrigger(p["observation_rate_hz"])
+        self._snapshot_since_tick = False  # joint_state trigger: a snapshot since the last tick
+        self._last_frame_stamp = -float("inf")
+        self._age_at_publish = SlidingWindow(STATS_WINDOW_S)  # publish time - frame stamp
+        self._build_time = SlidingWindow(STATS_WINDOW_S)  # fuse + convert + publish, wall
 
         self._frame_pub = self.create_publisher(
             ObservationFrame, p["observation_topic"], OBSERVATION_QOS
@@ -123,7 +146,8 @@ class PerceptionNode(Node):
         self.params.add_listener(self._on_params)
         self.get_logger().info(
             f"fusing {[c.name for c in self._cameras]} + {len(self._fuser.config.joint_names)} "
-            f"joints at {p['observation_rate_hz']:g} Hz -> {self._frame_pub.topic_name}"
+            f"joints at {p['observation_rate_hz']:g} Hz ({p['frame_trigger']}) -> "
+            f"{self._frame_pub.topic_name}"
         )
 
     def _fusion_config(self) -> FusionConfig:
@@ -183,14 +207,18 @@ class PerceptionNode(Node):
                 out_height=self._out_size[0],
                 out_width=self._out_size[1],
             )
-            self._fuser.add_image(camera.name, self._stamp(msg.header.stamp, now), msg, now)
+            stamp = self._stamp(msg.header.stamp, now)
+            self._fuser.add_image(camera.name, stamp, msg, now)
         except (ImageConversionError, RejectedInputError) as exc:
             self._reject(exc.reason, f"{camera.name} image: {exc}")
             return
         self.counters[f"images.{camera.name}"] += 1
+        if self.params["convert_on_arrival"]:
+            self._convert(camera, msg, stamp)  # off the frame's critical path
 
     def _on_joints(self, msg: JointState) -> None:
         now = now_s(self)
+        before = self._fuser.newest_snapshot_stamp
         try:
             unknown = self._fuser.add_joint_state(
                 self._stamp(msg.header.stamp, now),
@@ -208,28 +236,42 @@ class PerceptionNode(Node):
             self.get_logger().warning(
                 f"ignoring joints not configured: {unknown[:8]}", throttle_duration_sec=60.0
             )
+        snapshot = self._fuser.newest_snapshot_stamp
+        if self.params["frame_trigger"] == "joint_state" and snapshot != before:
+            self._snapshot_since_tick = True
+            declined = self._trigger.offer(snapshot, now)
+            if declined:
+                self.counters[f"trigger.{declined}"] += 1
+            else:
+                self._publish_frame(now, on_snapshot=True)
 
     # ---------------------------------------------------------------- frames
     def _on_frame_tick(self) -> None:
         now = now_s(self)
+        if self.params["frame_trigger"] == "timer":
+            self._publish_frame(now)
+            return
+        # joint_state trigger: the tick only reports why frames stopped.
+        if self._snapshot_since_tick:
+            self._snapshot_since_tick = False
+            return
         frame, reason = self._fuser.fuse(now)
         if frame is None:
-            self.counters[f"skipped.{reason}"] += 1
-            if reason != self._last_skip_reason:
-                self._throttle.warn(self, f"skipped.{reason}", f"no observation frame: {reason}")
-            self._last_skip_reason = reason
-            missing = self._fuser.missing_joints()
-            if reason == "no_joint_state" and missing and self.counters["joint_states"]:
-                self.get_logger().warning(
-                    f"joints never received: {missing[:8]}", throttle_duration_sec=THROTTLE_S
-                )
-            stale = self._fuser.stale_joints(now) if reason == "joint_state_stale" else []
-            if stale and len(stale) < len(self._fuser.config.joint_names):
-                self.get_logger().warning(
-                    f"joints not updated for {self.params['stale_after_s']:g} s: {stale[:8]}",
-                    throttle_duration_sec=THROTTLE_S,
-                )
+            self._skipped(reason, now)
+
+    def _publish_frame(self, now: float, on_snapshot: bool = False) -> None:
+        """Builds the frame for `now`, converts its images and publishes it (or counts why
+        there is none). `on_snapshot`: for a new joint snapshot, never one of a stamp already
+        published (fusion may prefer an older snapshot that covers more cameras)."""
+        started = time.monotonic()
+        frame, reason = self._fuser.fuse(now)
+        if frame is None:
+            self._skipped(reason, now)
             return
+        if on_snapshot and frame.stamp <= self._last_frame_stamp:
+            self.counters["trigger.not_newer"] += 1
+            return
+        self._last_frame_stamp = frame.stamp
         self._last_skip_reason = ""
         if self._cube_state is not None:
             frame = self._with_cubes(frame)
@@ -247,9 +289,30 @@ class PerceptionNode(Node):
             frame, images, self._sequence, self.params["frame_id"], *self._out_size
         )
         self._frame_pub.publish(msg)
+        published = now_s(self)  # node time: sim time follows /clock
         self._sequence += 1
         self.counters["frames"] += 1
-        self._publish_times.append(now_s(self))  # node time: sim time follows /clock
+        self._publish_times.append(published)
+        self._age_at_publish.add(published - frame.stamp, published)
+        self._build_time.add(time.monotonic() - started, published)
+
+    def _skipped(self, reason: str, now: float) -> None:
+        """A tick (or snapshot) without a frame: counted, and the cause warned about."""
+        self.counters[f"skipped.{reason}"] += 1
+        if reason != self._last_skip_reason:
+            self._throttle.warn(self, f"skipped.{reason}", f"no observation frame: {reason}")
+        self._last_skip_reason = reason
+        missing = self._fuser.missing_joints()
+        if reason == "no_joint_state" and missing and self.counters["joint_states"]:
+            self.get_logger().warning(
+                f"joints never received: {missing[:8]}", throttle_duration_sec=THROTTLE_S
+            )
+        stale = self._fuser.stale_joints(now) if reason == "joint_state_stale" else []
+        if stale and len(stale) < len(self._fuser.config.joint_names):
+            self.get_logger().warning(
+                f"joints not updated for {self.params['stale_after_s']:g} s: {stale[:8]}",
+                throttle_duration_sec=THROTTLE_S,
+            )
 
     def _with_cubes(self, frame):
         """`frame` with the tracked cube positions appended to its state."""
@@ -293,6 +356,9 @@ class PerceptionNode(Node):
     def _on_params(self, changed: dict) -> None:
         if "observation_rate_hz" in changed:
             self._frame_timer.timer_period_ns = int(1e9 / changed["observation_rate_hz"])
+            self._trigger.rate_hz = changed["observation_rate_hz"]
+        if "frame_trigger" in changed:
+            self.get_logger().info(f"frame_trigger -> {changed['frame_trigger']}")
         if {"max_skew_s", "stale_after_s", "future_tolerance_s"} & set(changed):
             self._fuser.config = self._fusion_config()
         if "diagnostics_period_s" in changed:
@@ -316,10 +382,19 @@ class PerceptionNode(Node):
             level, message = "WARN", f"frame rate {rate:.1f} Hz below {target:g} Hz"
         else:
             level, message = "OK", f"{rate:.1f} Hz"
+        t = now_s(self)
+        age_p50, age_p99 = self._age_at_publish.percentiles((50, 99), t)
+        build_p50, build_p99 = self._build_time.percentiles((50, 99), t)
         values: dict[str, object] = {
             "observation_rate_hz": rate,
             "target_rate_hz": target,
+            "frame_trigger": self.params["frame_trigger"],
             "sequence": self._sequence,
+            # Publish time - frame stamp (node clock), and fuse + convert + publish (wall).
+            "frame.age_at_publish_p50_ms": 1e3 * age_p50,
+            "frame.age_at_publish_p99_ms": 1e3 * age_p99,
+            "frame.build_p50_ms": 1e3 * build_p50,
+            "frame.build_p99_ms": 1e3 * build_p99,
         }
         values.update(sorted(self.counters.items()))
         publish_status(self, self._diag_pub, level, message, values)

@@ -20,6 +20,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -1170,6 +1171,21 @@ def test_kill_9_loses_no_published_memory_entry_and_restart_reopens(rig: Rig) ->
         f"stored, entries lost = {len(lost)}; restart served actions after {restart_s:.1f} s, "
         f"next id {entry.entry_id}",
     )
+
+
+def test_action_process_killed_ends_the_node_with_code_1_then_restart_serves(rig: Rig) -> None:
+    """The action publisher is a child process of the inference node: if it dies, the node
+    must not go on without actions. It exits 1 with the reason; a restart serves again."""
+    rig.assert_serving()
+    match = re.search(r"\(process (\d+)\)", rig.inference.log())
+    assert match, rig.inference.log()[-3000:]
+    os.kill(int(match.group(1)), signal.SIGKILL)
+    assert rig.inference.popen.wait(30) == 1, rig.inference.log()[-3000:]
+    assert "the action process exited" in rig.inference.log()
+    started = time.monotonic()
+    rig.start_inference()
+    wait_for(lambda: len(rig.actions_since(started)) > 30, ENGINE_START_TIMEOUT_S, "actions")
+    rig.assert_serving()
 
 
 def stop_and_measure(proc: NodeProcess, sig: int) -> tuple[int, float]:

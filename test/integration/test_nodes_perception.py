@@ -95,10 +95,17 @@ class FakeSensors:
         self.joint_pub.publish(joints)
 
 
-@pytest.fixture
-def perception(launcher, ros_node, tmp_path):
+@pytest.fixture(params=["joint_state", "timer", "joint_state convert_on_arrival"])
+def perception(request, launcher, ros_node, tmp_path):
+    """The node with each `frame_trigger` (on each new joint snapshot, or on its timer), and
+    with images converted as they arrive."""
+    trigger, *convert = request.param.split()
     override = tmp_path / "override.yaml"
-    override.write_text(OVERRIDES)
+    override.write_text(
+        OVERRIDES
+        + f"    frame_trigger: {trigger}\n"
+        + f"    convert_on_arrival: {'true' if convert else 'false'}\n"
+    )
     proc = launcher.start(
         "oxygen_ros.nodes.perception_node",
         ros_args=[
@@ -254,6 +261,28 @@ def test_bad_input_counted_never_fatal(perception) -> None:
     wait_for(lambda: len(frames) >= count + 10, 5, "frames continue after bad input")
     assert proc.alive(), proc.log()
     assert "rejected" in proc.log()  # throttled warning logged
+
+
+def test_each_frame_carries_a_new_joint_stamp_with_the_joint_state_trigger(
+    perception, request
+) -> None:
+    """joint_state trigger: one frame per joint snapshot (the sensors send one per tick), each
+    with a new stamp; age at publish is in the diagnostics; with convert_on_arrival every
+    image is converted."""
+    _proc, frames, diags, _sensors = perception
+    start = len(frames)
+    wait_for(lambda: len(frames) >= start + 20, 10, "20 more frames")
+    wait_for(lambda: "frame.age_at_publish_p50_ms" in latest_counters(diags), 5, "diagnostics")
+    values = latest_counters(diags)
+    stamps = [stamp_s(f) for f in frames[start:]]
+    assert values["frame_trigger"] in ("joint_state", "timer")
+    assert float(values["frame.age_at_publish_p50_ms"]) >= 0.0
+    if values["frame_trigger"] == "joint_state":
+        assert len(set(stamps)) == len(stamps)  # never the same snapshot twice
+    if "convert_on_arrival" in request.node.callspec.params["perception"]:
+        images = sum(int(v) for k, v in values.items() if k.startswith("images."))
+        converted = sum(int(v) for k, v in values.items() if k.startswith("converted."))
+        assert converted >= images > 0  # each on arrival (rarely again for a frame)
 
 
 def test_sigterm_exits_zero(perception) -> None:

@@ -25,7 +25,15 @@ from oxygen_ros.nodes.action_publisher import TRIGGER_NEW_CHUNK, ActionPublisher
 from oxygen_ros.nodes.action_stream import StreamConfig
 from oxygen_ros.nodes.conversions import rgb_image_msg, seconds_to_time
 from oxygen_ros.nodes.engine_bridge import LanguageQueue
-from oxygen_ros.nodes.engine_loop import EngineLoop, FrameFormat, FrameInbox
+from oxygen_ros.nodes.engine_loop import (
+    PICKUP_MAX_WAIT_PERIODS,
+    EngineLoop,
+    FrameFormat,
+    FrameInbox,
+    Pickup,
+    PickupPolicy,
+    pickup_wait_s,
+)
 from oxygen_ros.nodes.request_book import RequestBook
 
 SLOTS = ("base_0_rgb", "left_wrist_0_rgb")
@@ -114,21 +122,33 @@ class Logger:
         return lambda message, **_: self.lines.append((level, message))
 
 
+class FakeClock:
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
 class Rig:
     def __init__(self, engine: FakeEngine, publisher=None, factory=None, **params) -> None:
         self.now = 100.0
+        self.mono = 10.0  # the loop's monotonic clock
         self.engine = engine
         self.params = {
             "warmup": True,
             "max_chunk_age_s": 2.0,
             "fault_injection": "",
             "stats_window_s": 10.0,
+            "frame_pickup": "newest",
+            "frame_pickup_fresh_s": 0.005,
             **params,
         }
         self.queue = LanguageQueue(8)
         self.finals: list[RequestOutput] = []
         self.book = RequestBook(self.queue, self._send, lambda: self.now)
-        self.inbox = FrameInbox("pick the cup")
+        self.arrivals = FakeClock(10.0)  # the inbox's monotonic clock
+        self.inbox = FrameInbox("pick the cup", clock=lambda: self.now, monotonic=self.arrivals)
         self.publisher = publisher if publisher is not None else FakePublisher()
         self.rejected: list[str] = []
         self.finished: list[str] = []
@@ -144,6 +164,7 @@ class Rig:
             logger=self.logger,
             reject=lambda reason, message: self.rejected.append(reason),
             on_finished=lambda f: self.finished.append(f.output.request_id),
+            monotonic=lambda: self.mono,
         )
 
     def _send(self, output, stamp, observation_stamp) -> None:
@@ -157,7 +178,7 @@ class Rig:
         self.inbox.put_frame(frame_bytes(stamp) if data is None else data)
         work = self.inbox.take(self.queue.has_queued, threading.Event(), 0.0)
         assert work is not None
-        self.loop.run_frame(self.engine, *work, self.queue.take())
+        self.loop.run_frame(self.engine, work, self.queue.take())
 
 
 def test_chunk_handed_over_before_the_language_work_then_outputs() -> None:
@@ -282,9 +303,13 @@ def test_inbox_keeps_only_the_newest_frame() -> None:
     inbox.put_frame(b"1")
     inbox.put_frame(b"2")
     inbox.set_prompt("q")
-    assert inbox.take(lambda: False, stop, 0.0) == (b"2", 2, "q")
+    assert taken(inbox.take(lambda: False, stop, 0.0)) == (b"2", 2, "q")
     assert inbox.take(lambda: False, stop, 0.0) is None  # used, nothing queued
-    assert inbox.take(lambda: True, stop, 0.0) == (b"2", 2, "q")  # requests reuse it
+    assert taken(inbox.take(lambda: True, stop, 0.0)) == (b"2", 2, "q")  # requests reuse it
+
+
+def taken(pickup: Pickup | None) -> tuple[bytes, int, str] | None:
+    return None if pickup is None else (pickup.data, pickup.key, pickup.prompt)
 
 
 def test_thread_runs_frames_from_the_inbox_and_stops() -> None:
@@ -313,3 +338,196 @@ def test_engine_that_fails_to_build_marks_the_loop_failed() -> None:
         "fatal",
         "engine failed to start: OSError: no checkpoint at /nowhere",
     ) in rig.logger.lines
+
+
+# ------------------------------------------------------------------ pick-up policy
+ON_ARRIVAL = PickupPolicy(wait_for_arrival=True, fresh_s=0.005)
+
+
+@pytest.mark.parametrize(
+    ("policy", "age_s", "used", "period_s", "expected"),
+    [
+        (PickupPolicy(), 0.030, False, 0.033, 0.0),  # newest: always at once
+        (ON_ARRIVAL, 0.004, False, 0.033, 0.0),  # fresh enough
+        (ON_ARRIVAL, 0.006, False, 0.033, PICKUP_MAX_WAIT_PERIODS * 0.033),  # waited too long
+        (ON_ARRIVAL, 0.0, True, 0.033, PICKUP_MAX_WAIT_PERIODS * 0.033),  # already ran
+        (ON_ARRIVAL, 0.030, False, float("nan"), 0.0),  # no frame period known yet
+    ],
+)
+def test_pickup_wait(policy, age_s, used, period_s, expected) -> None:
+    assert pickup_wait_s(policy, age_s, used, period_s) == pytest.approx(expected)
+
+
+def test_inbox_frame_period_is_the_median_arrival_interval() -> None:
+    mono = FakeClock()
+    inbox = FrameInbox("p", clock=mono, monotonic=mono)
+    assert np.isnan(inbox.frame_period_s())
+    for t in (0.0, 0.033, 0.066, 0.2, 0.233):  # one late arrival does not move the median
+        mono.t = t
+        inbox.put_frame(b"x")
+    assert inbox.frame_period_s() == pytest.approx(0.033)
+
+
+def test_inbox_takes_a_fresh_frame_at_once() -> None:
+    mono = FakeClock()
+    inbox = FrameInbox("p", clock=lambda: 50.0, monotonic=mono)
+    for t in (0.0, 1.0, 2.0):
+        mono.t = t
+        inbox.put_frame(f"{t}".encode())
+    mono.t = 2.004  # 4 ms after the newest arrived
+    pickup = inbox.take(lambda: False, threading.Event(), 0.0, ON_ARRIVAL)
+    assert (pickup.data, pickup.wait_outcome, pickup.policy_wait_s) == (b"2.0", "", 0.0)
+    assert (pickup.arrival_clock_s, pickup.arrival_s, pickup.taken_s) == (50.0, 2.0, 2.004)
+
+
+def start_take(inbox: FrameInbox, policy: PickupPolicy, stop: threading.Event):
+    result: list[Pickup | None] = []
+    thread = threading.Thread(
+        target=lambda: result.append(inbox.take(lambda: False, stop, 5.0, policy)), daemon=True
+    )
+    thread.start()
+    return thread, result
+
+
+def wait_until(predicate, timeout_s: float = 5.0) -> bool:
+    done = threading.Event()
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        done.wait(0.001)
+    return True
+
+
+def test_inbox_waits_for_the_next_arrival_when_the_newest_is_old() -> None:
+    mono = FakeClock()
+    inbox = FrameInbox("p", monotonic=mono)
+    for t in (0.0, 1.0, 2.0):  # a 1 s frame period: the wait is bounded by 1.5 s
+        mono.t = t
+        inbox.put_frame(f"{t}".encode())
+    mono.t = 2.5  # the newest has waited 0.5 s
+    thread, result = start_take(inbox, ON_ARRIVAL, threading.Event())
+    assert wait_until(lambda: inbox.waiting_for_arrival)
+    mono.t = 2.9
+    inbox.put_frame(b"2.9")
+    thread.join(5.0)
+    (pickup,) = result
+    assert (pickup.data, pickup.key, pickup.wait_outcome) == (b"2.9", 4, "arrived")
+    assert pickup.policy_wait_s == pytest.approx(0.4)
+    assert pickup.taken_s - pickup.arrival_s == 0.0  # started on arrival
+
+
+def test_inbox_wait_is_bounded_then_takes_the_newest() -> None:
+    """With no new arrival the engine takes the old frame after 1.5 frame periods (arrivals
+    20 ms apart: a 30 ms bound, in real time)."""
+    mono = FakeClock()
+    inbox = FrameInbox("p", monotonic=mono)
+    for t in (0.0, 0.02, 0.04):
+        mono.t = t
+        inbox.put_frame(f"{t}".encode())
+    mono.t = 1.0  # the newest has waited long
+    started = time.monotonic()
+    thread, result = start_take(inbox, ON_ARRIVAL, threading.Event())
+    thread.join(5.0)
+    elapsed = time.monotonic() - started
+    (pickup,) = result
+    assert (pickup.data, pickup.key, pickup.wait_outcome) == (b"0.04", 3, "timed_out")
+    assert PICKUP_MAX_WAIT_PERIODS * 0.02 <= elapsed < 2.0
+
+
+def test_stop_ends_a_pickup_wait() -> None:
+    mono = FakeClock()
+    inbox = FrameInbox("p", monotonic=mono)
+    for t in (0.0, 10.0, 20.0):  # a 15 s bound
+        mono.t = t
+        inbox.put_frame(b"x")
+    mono.t = 25.0
+    stop = threading.Event()
+    thread, result = start_take(inbox, ON_ARRIVAL, stop)
+    assert wait_until(lambda: inbox.waiting_for_arrival)
+    stop.set()
+    inbox.wake()
+    thread.join(5.0)
+    assert result == [None]
+
+
+@pytest.mark.parametrize(
+    ("pickup", "expected_stamps"), [("newest", [2.0, 2.5]), ("on_arrival", [2.0, 2.9])]
+)
+def test_saturated_engine_starts_the_frame_that_arrives_next(pickup, expected_stamps) -> None:
+    """The engine is busy (language work) while frame 2.5 arrives; when it becomes free that
+    frame has waited 0.5 s. `newest` runs it (the positive control), `on_arrival` waits for
+    frame 2.9 and runs that one instead."""
+    release = threading.Event()
+    engine = FakeEngine(language=lambda: release.wait(5.0))
+    rig = Rig(engine, frame_pickup=pickup)
+    mono = rig.arrivals
+    for t in (0.0, 1.0, 2.0):  # frame period 1 s
+        mono.t = t
+        rig.inbox.put_frame(frame_bytes(99.0 + t / 100))
+    rig.loop.start()
+    try:
+        assert wait_until(lambda: len(engine.steps) == 1)
+        mono.t = 2.5
+        rig.inbox.put_frame(frame_bytes(99.0 + 2.5 / 100))
+        mono.t = 3.0
+        release.set()
+        if pickup == "on_arrival":
+            assert wait_until(lambda: rig.inbox.waiting_for_arrival)
+            rig.inbox.put_frame(frame_bytes(99.0 + 2.9 / 100))
+        assert wait_until(lambda: len(engine.steps) >= 2)
+    finally:
+        rig.loop.stop()
+    assert rig.loop.join(5.0)
+    assert [round((s - 99.0) * 100, 3) for s, _ in engine.steps[:2]] == expected_stamps
+    waited = 1 if pickup == "on_arrival" else 0
+    assert rig.loop.counters["frames_waited_for"] == waited
+
+
+def test_diagnostics_decompose_observation_to_handoff() -> None:
+    """Frame 2 arrives during frame 1's language work: its wait in the inbox, the part of it
+    in that language work, and the other parts come out exactly (fake clocks)."""
+    rig = Rig(FakeEngine(latency_s=0.3))
+
+    def language() -> None:
+        rig.mono += 0.2  # frame 1's language work: 10.0 -> 10.2
+
+    rig.engine.language = language
+    rig.now = 100.0
+
+    def pickup(stamp: float, arrival_clock: float, arrival: float, taken: float) -> Pickup:
+        return Pickup(frame_bytes(stamp), 1, "p", arrival_clock, arrival, taken)
+
+    rig.mono = 10.0
+    rig.loop.run_frame(rig.engine, pickup(99.99, 100.0, 10.0, 10.0), [])
+    assert rig.mono == pytest.approx(10.2)
+    rig.loop.run_frame(rig.engine, pickup(100.11, 100.15, 10.15, 10.2), [])
+    values = rig.loop.diagnostics()
+
+    def both(name: str) -> tuple[float, float]:
+        return values[f"frame.{name}_p50_ms"], values[f"frame.{name}_p99_ms"]
+
+    assert values["frame.count_in_window"] == 2
+    assert both("age_at_arrival") == pytest.approx((25.0, 39.7))  # 10 and 40 ms
+    assert both("inbox_wait") == pytest.approx((25.0, 49.5))  # 0 and 50 ms
+    assert both("wait_in_language") == pytest.approx((25.0, 49.5))  # all of frame 2's wait
+    assert values["frame.engine_idle_p50_ms"] == pytest.approx(0.0)  # taken at frame 1's end
+    assert both("pickup_wait") == (0.0, 0.0)
+    # latency 300 ms = age + wait + pre-step (0: fake clock) + action path 60 ms + the rest.
+    assert values["frame.unaccounted_p50_ms"] == pytest.approx(300 - 60 - (10 + 40 + 50) / 2)
+    assert both("language") == pytest.approx((140.0, 140.0))  # TIMINGS: total 200 - action 60
+
+
+def test_pickup_waits_are_counted() -> None:
+    rig = Rig(FakeEngine())
+    base = dict(arrival_clock_s=99.95, arrival_s=10.0, taken_s=10.0)
+    for outcome, wait in (("arrived", 0.02), ("arrived", 0.01), ("timed_out", 0.05), ("", 0.0)):
+        rig.loop.run_frame(
+            rig.engine,
+            Pickup(frame_bytes(99.9), 1, "p", **base, policy_wait_s=wait, wait_outcome=outcome),
+            [],
+        )
+    assert rig.loop.counters["frames_waited_for"] == 2
+    assert rig.loop.counters["frame_wait_timeouts"] == 1
+    assert rig.loop.pickup_idle_s == pytest.approx(0.08)
+    assert rig.loop.diagnostics()["pickup_idle_s"] == pytest.approx(0.08)

@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 
-from oxygen_ros.nodes.fusion import CameraSpec, Fuser, FusionConfig, RejectedInputError
+from oxygen_ros.nodes.fusion import (
+    CameraSpec,
+    Fuser,
+    FusionConfig,
+    RejectedInputError,
+    SnapshotTrigger,
+)
 
 SLOTS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 JOINTS = ("a", "b", "c")
@@ -223,3 +229,60 @@ def test_history_is_bounded() -> None:
 def test_invalid_config_rejected(overrides) -> None:
     with pytest.raises(ValueError):
         make_fuser(**overrides)
+
+
+# ------------------------------------------------------------------ frame_trigger: joint_state
+def test_newest_snapshot_stamp_changes_only_when_a_snapshot_completes() -> None:
+    f = make_fuser(camera_names=())
+    assert f.newest_snapshot_stamp is None
+    f.add_joint_state(1.0, ["a", "b"], [1.0, 2.0], [], now=1.0)
+    assert f.newest_snapshot_stamp is None  # c still unknown
+    f.add_joint_state(1.01, ["c"], [3.0], [], now=1.01)
+    assert f.newest_snapshot_stamp == 1.01
+    with pytest.raises(RejectedInputError):
+        f.add_joint_state(1.02, ["c"], [float("nan")], [], now=1.02)
+    assert f.newest_snapshot_stamp == 1.01
+
+
+def offers(trigger: SnapshotTrigger, times) -> list[str]:
+    return [trigger.offer(t, t) for t in times]
+
+
+def test_trigger_passes_every_snapshot_of_a_source_at_the_same_rate_despite_jitter() -> None:
+    period = 1 / 30
+    # The worst case: each arrival 0.48 period late, then 0.48 period early, in turn.
+    offsets = np.where(np.arange(300) % 2 == 1, 0.48, -0.48)
+    offsets[0] = 0.0
+    times = (np.arange(300) + offsets) * period
+    assert offers(SnapshotTrigger(30.0), times) == [""] * 300
+
+
+def test_trigger_refuses_a_third_snapshot_within_a_period() -> None:
+    """Positive control of the jitter tolerance: the bucket holds two frames, no more."""
+    period = 1 / 30
+    times = [0.0, period, 2 * period, 2.05 * period, 2.1 * period]
+    assert offers(SnapshotTrigger(30.0), times) == ["", "", "", "", "rate_limited"]
+
+
+def test_trigger_thins_a_faster_source_to_the_rate() -> None:
+    times = np.arange(1000) / 100.0  # 10 s at 100 Hz
+    passed = [t for t, r in zip(times, offers(SnapshotTrigger(30.0), times), strict=True) if not r]
+    assert 29.0 * 10 <= len(passed) <= 30.0 * 10 + 2
+    assert min(np.diff(passed)) >= 0.01  # never two in one source period
+
+
+def test_trigger_passes_each_stamp_once_and_only_newer_ones() -> None:
+    trigger = SnapshotTrigger(30.0)
+    assert trigger.offer(1.0, 1.0) == ""
+    assert trigger.offer(1.0, 1.1) == "not_newer"
+    assert trigger.offer(0.99, 1.2) == "not_newer"
+    assert trigger.offer(1.2, 1.2) == ""
+
+
+def test_trigger_follows_a_rate_change() -> None:
+    trigger = SnapshotTrigger(30.0)
+    times = np.arange(300) / 30.0
+    assert offers(trigger, times[:150]) == [""] * 150
+    trigger.rate_hz = 10.0
+    passed = sum(r == "" for r in offers(trigger, times[150:]))
+    assert 49 <= passed <= 51  # 5 s at 10 Hz

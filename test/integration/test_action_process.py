@@ -1,0 +1,91 @@
+"""The inference node's action process for real (spawned, publishing over DDS): a hand-off is
+published at once and ticks follow at 70 Hz, SIGINT is left to the parent, `stop` ends it with
+exit code 0, and it exits when its parent is killed (kill -9)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from harness import wait_for
+from integration.action_parent import config, rows
+
+from oxygen_ros.msg import ActionChunk
+from oxygen_ros.nodes.action_process import ActionProcess
+from oxygen_ros.nodes.action_stream import StreamConfig
+from oxygen_ros.nodes.runtime import RELIABLE_QOS
+
+pytestmark = pytest.mark.integration
+
+HERE = Path(__file__).resolve().parent
+START_TIMEOUT_S = 30.0  # interpreter + rclpy + discovery on 2 busy cores
+
+
+def exited(pid: int) -> bool:
+    """The process is gone (or a zombie nobody reaped yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+def test_hand_off_published_at_once_then_ticks_sigint_ignored_stop_exits_0(ros_node) -> None:
+    events: list[tuple] = []
+    process = ActionProcess.start(
+        # Rows 0.5 s apart: the chunk covers the whole test (8 s), ticks never run out.
+        config(
+            "/t_actions_a",
+            stream=StreamConfig(dt=0.5, num_joints=2, blend_mode="replace", max_chunk_age_s=60.0),
+        ),
+        on_reject=lambda reason, message: events.append((reason, message)),
+        on_watchdog=lambda transition: events.append((transition,)),
+    )
+    try:
+        received = ros_node.collect(ActionChunk, "/t_actions_a", RELIABLE_QOS)
+        assert process.link.ready.wait(START_TIMEOUT_S), "the action process never started"
+        ros_node.wait_for_publishers("/t_actions_a")
+        process.link.hand_off(rows(0.0), time.time() - 0.05, 0.05)
+        wait_for(lambda: len(received) >= 5, 10, "ticks (the subscription is matched)")
+        count = len(received)
+        process.link.hand_off(rows(0.25), time.time() - 0.05, 0.05)
+        wait_for(lambda: len(received) >= count + 40, 10, lambda: f"{len(received)} messages")
+        new = [m for m in received if m.chunk_id == 1]
+        assert new[0].trigger == ActionChunk.TRIGGER_NEW_CHUNK  # at once, then its ticks
+        assert {m.trigger for m in new[1:]} == {ActionChunk.TRIGGER_TICK}
+        assert list(new[0].joint_names) == ["a", "b"] and new[0].header.frame_id == "base"
+        assert np.asarray(new[0].actions)[1] == pytest.approx(0.25)
+        sequences = [m.sequence for m in received]
+        assert sequences == list(range(sequences[0], sequences[0] + len(received)))
+        values = process.link.diagnostics()
+        assert values is not None and values["actions.chunks_accepted"] == 2
+        os.kill(process.popen.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the group
+        count = len(received)
+        wait_for(lambda: len(received) >= count + 20, 10, "ticks after SIGINT")
+        assert process.alive() and events == []
+    finally:
+        code = process.stop(timeout_s=10.0)
+    assert code == 0
+    wait_for(lambda: ros_node.node.count_publishers("/t_actions_a") == 0, 10, "no publisher")
+
+
+def test_exits_when_its_parent_is_killed(launcher, ros_node) -> None:
+    received = ros_node.collect(ActionChunk, "/t_actions_b", RELIABLE_QOS)
+    parent = launcher.start(str(HERE / "action_parent.py"), args=["/t_actions_b"])
+    wait_for(lambda: parent.log().strip() or not parent.alive(), START_TIMEOUT_S, "child pid")
+    child = int(parent.log().split()[0])
+    wait_for(lambda: len(received) >= 10, START_TIMEOUT_S, "actions from the child")
+    assert not exited(child)  # positive control
+    parent.popen.send_signal(signal.SIGKILL)
+    parent.popen.wait(10)
+    wait_for(lambda: exited(child), 10, f"the orphaned action process {child} to exit")
+    wait_for(lambda: ros_node.node.count_publishers("/t_actions_b") == 0, 10, "no publisher")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
