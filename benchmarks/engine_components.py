@@ -57,7 +57,6 @@ from oxygen_ros.engine.engine import Engine  # noqa: E402
 from oxygen_ros.engine.kv_cache import write_tail_rows  # noqa: E402
 from oxygen_ros.engine.model import abstract_model, param_count  # noqa: E402
 from oxygen_ros.engine.model_fns import Prefix  # noqa: E402
-from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH  # noqa: E402
 from oxygen_ros.engine.types import LanguageRequest, Observation, RequestKind  # noqa: E402
 
 GREEDY_TARGET = 1.2  # greedy decode step <= (logits + argmax) x this
@@ -90,15 +89,9 @@ def _observation(engine: Engine) -> Observation:
     )
 
 
-def _tokenizer_path(preset: str, vocab: str, workdir: pathlib.Path) -> str | None:
-    if vocab == "full":
-        return str(full_vocab.full_vocab_tokenizer(workdir)[0])
-    return str(BUNDLED_TOKENIZER_PATH) if preset == "tiny" else None
-
-
 def measure(preset: str, vocab: str, runs: int, workdir: pathlib.Path) -> dict[str, object]:
     peaks = roofline.machine_peaks()
-    tokenizer_path = _tokenizer_path(preset, vocab, workdir)
+    tokenizer_path, _ = full_vocab.tokenizer_for(preset, vocab, workdir)
     overrides = {} if tokenizer_path is None else {"tokenizer_path": tokenizer_path}
     config = get_engine_config(preset, **overrides)
     engine = Engine(config)
@@ -149,44 +142,39 @@ def measure(preset: str, vocab: str, runs: int, workdir: pathlib.Path) -> dict[s
     active = np.ones((slots,), bool)
     greedy = np.zeros((slots,), np.float32)
     seeds = np.zeros((slots,), np.int32)
-    state: dict[str, jax.Array] = {}
-    state["k"], state["v"] = model.empty_gen_cache(slots, cache.max_seq_len)
-    state["k"], state["v"] = write_tail_rows(
-        state["k"], state["v"], tail_k, tail_v, np.arange(slots, dtype=np.int32)
-    )
-    decode_args = (prefix, rows)
+    sampling = (greedy, seeds, seeds)  # every row greedy
+
+    def gen_cache() -> dict[str, jax.Array]:
+        """A generated cache holding every slot's narration tail (donated by each step)."""
+        k, v = model.empty_gen_cache(slots, cache.max_seq_len)
+        k, v = write_tail_rows(k, v, tail_k, tail_v, np.arange(slots, dtype=np.int32))
+        return {"k": k, "v": v}
+
+    def step_args(step_prefix: Prefix, gen: dict[str, jax.Array]) -> tuple[object, ...]:
+        """A decode step's arguments after the parameters, reading `step_prefix`."""
+        return (step_prefix, rows, gen["k"], gen["v"], gen_len, tokens, active)
+
+    state = gen_cache()
 
     def decode_logits() -> object:  # decode step, logits out (no sampling)
-        logits, state["k"], state["v"] = model.decode_step(
-            *decode_args, state["k"], state["v"], gen_len, tokens, active
-        )
+        logits, state["k"], state["v"] = model.decode_step(*step_args(prefix, state))
         return logits
 
-    def decode_greedy() -> object:  # the engine's fused decode + sample, every row greedy
-        sampled, state["k"], state["v"] = model.decode_sample(
-            *decode_args, state["k"], state["v"], gen_len, tokens, active, greedy, seeds, seeds
-        )
-        return sampled
+    def greedy_step(step_prefix: Prefix, gen: dict[str, jax.Array]) -> Callable[[], object]:
+        def call() -> object:  # the engine's fused decode + sample
+            sampled, gen["k"], gen["v"] = model.decode_sample(
+                *step_args(step_prefix, gen), *sampling
+            )
+            return sampled
+
+        return call
 
     # The same step reading a 128-token prefix: what the per-step gather and concatenation of
     # each row's stored prefix ([L, B, S, K, H]) with the generated cache cost.
     short = Prefix(
         prefix.k[:, :, :SHORT_PREFIX], prefix.v[:, :, :SHORT_PREFIX], prefix.mask[:, :SHORT_PREFIX]
     )
-    short_state: dict[str, jax.Array] = {}
-    short_state["k"], short_state["v"] = write_tail_rows(
-        *model.empty_gen_cache(slots, cache.max_seq_len),
-        tail_k,
-        tail_v,
-        np.arange(slots, dtype=np.int32),
-    )
-
-    def decode_greedy_short() -> object:
-        sampled, short_state["k"], short_state["v"] = model.decode_sample(
-            short, rows, short_state["k"], short_state["v"], gen_len, tokens, active, greedy,
-            seeds, seeds,
-        )  # fmt: skip
-        return sampled
+    short_state = gen_cache()
 
     logits = jax.block_until_ready(decode_logits())
     argmax = jax.jit(lambda x: jnp.argmax(x, axis=-1))
@@ -207,9 +195,11 @@ def measure(preset: str, vocab: str, runs: int, workdir: pathlib.Path) -> dict[s
         f"extend_1req_w{one_row}": _median_s(extend_once(one_row), runs),
         f"extend_1req_w{full_rows}": _median_s(extend_once(full_rows), runs),
         f"decode_logits_b{slots}": _median_s(decode_logits, runs),
-        f"decode_greedy_b{slots}": _median_s(decode_greedy, runs),
+        f"decode_greedy_b{slots}": _median_s(greedy_step(prefix, state), runs),
         f"argmax_b{slots}": _median_s(lambda: argmax(logits), runs),
-        f"decode_greedy_b{slots}_prefix{SHORT_PREFIX}": _median_s(decode_greedy_short, runs),
+        f"decode_greedy_b{slots}_prefix{SHORT_PREFIX}": _median_s(
+            greedy_step(short, short_state), runs
+        ),
     }
     lowered = {
         "prefill": model.lower("prefill", inputs),
@@ -227,42 +217,14 @@ def measure(preset: str, vocab: str, runs: int, workdir: pathlib.Path) -> dict[s
         f"extend_1req_w{one_row}": extend_lowered(one_row),
         f"extend_1req_w{full_rows}": extend_lowered(full_rows),
         f"decode_logits_b{slots}": model.lower(
-            "decode_step",
-            *decode_args,
-            state["k"],
-            state["v"],
-            gen_len,
-            tokens,
-            active,
-            model.vocab_size,
+            "decode_step", *step_args(prefix, state), model.vocab_size
         ),
         f"decode_greedy_b{slots}": model.lower(
-            "decode_sample",
-            *decode_args,
-            state["k"],
-            state["v"],
-            gen_len,
-            tokens,
-            active,
-            greedy,
-            seeds,
-            seeds,
-            model.vocab_size,
+            "decode_sample", *step_args(prefix, state), *sampling, model.vocab_size
         ),
         f"argmax_b{slots}": argmax.lower(logits),
         f"decode_greedy_b{slots}_prefix{SHORT_PREFIX}": model.lower(
-            "decode_sample",
-            short,
-            rows,
-            short_state["k"],
-            short_state["v"],
-            gen_len,
-            tokens,
-            active,
-            greedy,
-            seeds,
-            seeds,
-            model.vocab_size,
+            "decode_sample", *step_args(short, short_state), *sampling, model.vocab_size
         ),
     }
     tail_len = tail_tokens.shape[0]

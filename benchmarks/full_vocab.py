@@ -15,6 +15,7 @@ import os
 import pathlib
 
 PAD_PIECE = "<oxygen_pad_{}>"
+VOCABS = ("tokenizer", "full")  # language head: the tokenizer's rows, or all 257,152
 
 
 def padded_tokenizer_proto(base: pathlib.Path, size: int) -> bytes:
@@ -54,3 +55,24 @@ def full_vocab_tokenizer(workdir: pathlib.Path) -> tuple[pathlib.Path, str]:
     os.environ["OPENPI_DATA_HOME"] = str(workdir)
     assert default_tokenizer_path() == path
     return path, "bundled_padded"
+
+
+def tokenizer_for(preset: str, vocab: str, workdir: pathlib.Path) -> tuple[str | None, str]:
+    """The tokenizer a benchmark engine of `vocab` reads (its vocabulary is the language
+    head's rows) and what it is: (path, kind).
+
+    `tokenizer`: the tiny preset's bundled 640-piece model; for other presets the engine's own
+    choice (None: PaliGemma's where openpi cached it, else the bundled one for random init).
+    `full`: a 257,152-piece tokenizer (`full_vocab_tokenizer`: PaliGemma's or the bundled one
+    padded).
+    """
+    from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH
+
+    if vocab == "full":
+        path, kind = full_vocab_tokenizer(workdir)
+        return str(path), kind
+    if vocab != "tokenizer":
+        raise ValueError(f"unknown vocab {vocab!r}; known: {VOCABS}")
+    if preset == "tiny":
+        return str(BUNDLED_TOKENIZER_PATH), "bundled"
+    return None, "engine default"

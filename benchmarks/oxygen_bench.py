@@ -136,7 +136,7 @@ METHODS = ("isolated", "shared_kv", "cb_k1", "cb_k5", "cb_k10", "deadline")
 # Not in the default grid: isolated on the continuous engines' shapes (`--slots` rows per decode
 # step and extend), the baseline this benchmark used before; shows how much it inflated speedups.
 EXTRA_METHODS = ("isolated_cb_shapes",)
-VOCABS = ("tokenizer", "full")  # language head: the tokenizer's rows, or all 257,152
+VOCABS = full_vocab.VOCABS
 ARRIVALS = ("u0.5", "u1", "u2", "poisson", "mixed")
 MIXED_LENGTHS = (5, 20)
 COMPLETED = ("FINISHED_STOPPED", "FINISHED_LENGTH")  # statuses counted in latency
@@ -257,25 +257,6 @@ def method_cache(
         most = max((len(frame) for frame in schedule), default=1)
         return dataclasses.replace(base, num_slots=max(most, 1), num_prefixes=1)
     return dataclasses.replace(base, num_slots=args.slots, num_prefixes=args.prefixes)
-
-
-def bench_tokenizer(preset: str, vocab: str, workdir: pathlib.Path) -> tuple[str | None, str]:
-    """The tokenizer an engine of `vocab` reads (its vocabulary is the language head's rows),
-    and what it is.
-
-    `tokenizer`: the tiny preset's bundled 640-piece model; for other presets the engine's own
-    choice (None: PaliGemma's where openpi cached it, else the bundled one for random init).
-    `full`: a 257,152-piece tokenizer (`full_vocab.full_vocab_tokenizer`: PaliGemma's or the
-    bundled one padded).
-    """
-    if vocab == "full":
-        path, kind = full_vocab.full_vocab_tokenizer(workdir)
-        return str(path), kind
-    if vocab != "tokenizer":
-        raise ValueError(f"unknown vocab {vocab!r}; known: {VOCABS}")
-    if preset == "tiny":
-        return str(BUNDLED_TOKENIZER_PATH), "bundled"
-    return None, "engine default"
 
 
 def make_engine(
@@ -973,9 +954,11 @@ class Bench:
         return self.models[n]
 
     def tokenizer(self, vocab: str) -> tuple[str | None, str]:
-        """(path, kind) of the tokenizer engines of `vocab` read (`bench_tokenizer`)."""
+        """(path, kind) of the tokenizer engines of `vocab` read (`full_vocab.tokenizer_for`)."""
         if vocab not in self.tokenizers:
-            self.tokenizers[vocab] = bench_tokenizer(self.args.preset, vocab, self.workdir)
+            self.tokenizers[vocab] = full_vocab.tokenizer_for(
+                self.args.preset, vocab, self.workdir
+            )
         return self.tokenizers[vocab]
 
     def engine(self, setting: Setting, budget_s: float, cache: CacheConfig | None) -> Engine:
