@@ -334,6 +334,8 @@ class Bench:
             "coverage_min_s": node_value("actions.coverage_min_s"),
             "ticks_skipped": node_delta("action_ticks_skipped"),
             "ticks_empty": sum(node_delta(k) for k in node if k.startswith("action_ticks_empty.")),
+            # Per frame: observation -> hand-off minus that frame's prefill + denoise.
+            **path("outside_model"),
             # Observation -> hand-off, decomposed (inference node, same span).
             **path("age_at_arrival"),
             **path("inbox_wait"),
@@ -484,6 +486,7 @@ def print_table(result: dict, out: Path) -> None:
         ("obs -> first action p50 [ms]", "obs_to_action_p50_ms", "{:.1f}"),
         ("obs -> first action p99 [ms]", "obs_to_action_p99_ms", "{:.1f}"),
         ("  minus prefill+denoise p99 [ms]", "obs_to_action_over_engine_p99_ms", "{:.1f}"),
+        ("per frame: hand-off - its model [ms]", "outside_model", "p"),
         ("node obs -> hand-off p50 [ms]", "node_obs_to_handoff_p50_ms", "{:.1f}"),
         ("node obs -> hand-off p99 [ms]", "node_obs_to_handoff_p99_ms", "{:.1f}"),
         ("hand-off -> publish p99 [ms]", "handoff_to_publish_p99_ms", "{:.2f}"),

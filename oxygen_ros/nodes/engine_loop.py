@@ -294,6 +294,9 @@ class EngineLoop:
         self._action_path = SlidingWindow(window)  # FrameTimings.action_s
         self._prefill_denoise = SlidingWindow(window)  # prefill_s + denoise_s
         self._handoff_latency = SlidingWindow(window)  # ActionResult.latency_s
+        # Per frame: latency_s - (prefill_s + denoise_s), what the frame spent outside the
+        # model (sensors, DDS, queues, input preparation): issue 11's bar, frame by frame.
+        self._overhead = SlidingWindow(window)
         # Observation -> hand-off, decomposed (see the module docstring).
         self._age_at_arrival = SlidingWindow(window)
         self._inbox_wait = SlidingWindow(window)  # arrival -> taken
@@ -308,6 +311,7 @@ class EngineLoop:
             ("frame.action_path", self._action_path),
             ("frame.prefill_denoise", self._prefill_denoise),
             ("frame.obs_to_handoff", self._handoff_latency),
+            ("frame.outside_model", self._overhead),
             ("frame.age_at_arrival", self._age_at_arrival),
             ("frame.inbox_wait", self._inbox_wait),
             ("frame.wait_in_language", self._wait_in_language),
@@ -486,6 +490,8 @@ class EngineLoop:
         self._prefill_denoise.add(timings.prefill_s + timings.denoise_s, t)
         if result.actions is not None:
             self._handoff_latency.add(result.actions.latency_s, t)
+            model_s = timings.prefill_s + timings.denoise_s
+            self._overhead.add(result.actions.latency_s - model_s, t)
         self._frame_time_s = self._clock() - started
         self.counters["frames_run"] += 1
         self._engine_stats = flatten_stats(engine.stats())

@@ -197,6 +197,7 @@ def test_chunk_handed_over_before_the_language_work_then_outputs() -> None:
     assert values["frame.action_path_p50_ms"] == pytest.approx(60.0)
     assert values["frame.prefill_denoise_p99_ms"] == pytest.approx(50.0)
     assert values["frame.obs_to_handoff_p99_ms"] == pytest.approx(125.0)
+    assert values["frame.outside_model_p50_ms"] == pytest.approx(75.0)  # 125 - 50
     assert rig.loop.counters["frames_run"] == 1
 
 
