@@ -155,7 +155,7 @@ class Bench:
                 "-m",
                 node.spec.module,
                 "--ros-args",
-                *node.ros_arguments(),
+                *node.ros_arguments(workdir),
                 *extra.get(node.spec.name, []),
             ]
             with log.open("wb") as handle:

@@ -21,6 +21,7 @@ def _nodes(context, *args, **kwargs):
             executable=node.spec.executable,
             name=node.spec.name,
             namespace=node.namespace or None,
+            remappings=list(node.remappings),
             parameters=[node.params_file, node.overrides]
             if node.overrides
             else [node.params_file],

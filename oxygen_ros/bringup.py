@@ -90,7 +90,14 @@ def start_children(nodes: Sequence[graph.ResolvedNode], log_dir: Path) -> list[C
     for node in nodes:
         log_path = log_dir / f"{node.spec.name}.log"
         # -P: never import the source tree's oxygen_ros (no generated msg/) from the cwd.
-        cmd = [sys.executable, "-P", "-m", node.spec.module, "--ros-args", *node.ros_arguments()]
+        cmd = [
+            sys.executable,
+            "-P",
+            "-m",
+            node.spec.module,
+            "--ros-args",
+            *node.ros_arguments(log_dir),
+        ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         # Compiled XLA programs are reused across runs (the engine starts in seconds, not tens).
         env.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(JAX_CACHE_DIR).expanduser()))
@@ -140,8 +147,8 @@ def topic_names(params_file: str) -> dict[str, str]:
         data = yaml.safe_load(Path(params_file).read_text()) or {}
     except (OSError, yaml.YAMLError):
         return names
-    for section, keys in (("/**", names), ("inference", inference), ("workcell_sim", status)):
-        values = (data.get(section) or {}).get("ros__parameters") or {}
+    for node, keys in (("inference", inference), ("workcell_sim", status)):
+        values = graph.node_parameters(data, node)
         names.update({k: v for k, v in values.items() if k in keys and isinstance(v, str)})
     return names
 

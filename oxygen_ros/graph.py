@@ -58,6 +58,12 @@ LAUNCH_ARGUMENTS: tuple[LaunchArgument, ...] = (
         "what commands the robot: model (inference node) or expert (scripted, workcell only)",
     ),
     LaunchArgument(
+        "remap",
+        "",
+        "topic remappings for every node, space-separated from:=to pairs "
+        "(e.g. 'joint_states:=robot/joint_states'; empty: none)",
+    ),
+    LaunchArgument(
         "real_time_factor",
         "",
         "workcell simulation speed, sim seconds per wall second (empty: the YAML's value)",
@@ -122,15 +128,39 @@ class ResolvedNode:
     namespace: str  # "" or a namespace without a trailing slash
     params_file: str  # absolute path of the YAML file
     overrides: dict[str, str | float] = field(default_factory=dict)  # parameter -> value
+    remappings: tuple[tuple[str, str], ...] = ()  # (from, to) topic remappings
 
-    def ros_arguments(self) -> list[str]:
-        """Command-line `--ros-args` for the bring-up (what `launch_ros.actions.Node` builds)."""
+    @property
+    def fully_qualified_name(self) -> str:
+        return f"{self.namespace}/{self.spec.name}"
+
+    def ros_arguments(self, overrides_dir: Path | None = None) -> list[str]:
+        """Command-line `--ros-args` for the bring-up (what `launch_ros.actions.Node` builds).
+
+        Overrides go into a second parameter file in `overrides_dir`, keyed by the node's fully
+        qualified name, as launch_ros does with a parameter dict: rcl applies the most specific
+        match, so they win over the YAML's `/**/<name>` section in any namespace (a `-p` rule
+        cannot: unprefixed it is a `/**` rule, and a `node:` prefix matches only a node
+        without a namespace).
+
+        Raises:
+            ValueError: The node has overrides and no `overrides_dir` was given.
+        """
         args = ["-r", f"__node:={self.spec.name}"]
         if self.namespace:
             args += ["-r", f"__ns:={self.namespace}"]
+        for source, target in self.remappings:
+            args += ["-r", f"{source}:={target}"]
         args += ["--params-file", self.params_file]
-        for key, value in self.overrides.items():
-            args += ["-p", f"{self.spec.name}:{key}:={value}"]
+        if self.overrides:
+            if overrides_dir is None:
+                raise ValueError(f"{self.spec.name} has overrides: give overrides_dir")
+            import yaml
+
+            path = Path(overrides_dir) / f"{self.spec.name}_overrides.yaml"
+            body = {self.fully_qualified_name: {"ros__parameters": dict(self.overrides)}}
+            path.write_text(yaml.safe_dump(body))
+            args += ["--params-file", str(path)]
         return args
 
 
@@ -154,6 +184,32 @@ def parse_factor(text: str) -> float:
     return value
 
 
+def parse_remappings(text: str) -> tuple[tuple[str, str], ...]:
+    """'a:=b c:=d' -> (('a', 'b'), ('c', 'd')); empty -> ().
+
+    Raises:
+        ValueError: a pair without `:=` or with an empty side.
+    """
+    pairs = []
+    for item in text.split():
+        source, sep, target = item.partition(":=")
+        if not sep or not source or not target:
+            raise ValueError(f"remap entries are from:=to pairs, got {item!r}")
+        pairs.append((source, target))
+    return tuple(pairs)
+
+
+def node_parameters(data: Mapping, name: str) -> dict:
+    """A node's `ros__parameters` from a loaded parameter file: every section that applies to
+    a node of that name (`/**`, `/**/<name>`, `<name>`, `/<name>`), merged in file order (a
+    later section wins, as rcl applies them)."""
+    values: dict = {}
+    for key, section in data.items():
+        if key in ("/**", f"/**/{name}", name, f"/{name}"):
+            values.update(((section or {}).get("ros__parameters")) or {})
+    return values
+
+
 def default_params_file(profile: str = "humanoid") -> Path:
     """config/<profile>.yaml from the package's share directory, else from the source tree."""
     return Path(resolve_path(f"package://{PACKAGE}/config/{profile}.yaml"))
@@ -170,7 +226,7 @@ def resolve(arguments: Mapping[str, str]) -> list[ResolvedNode]:
 
     Raises:
         ValueError: an unknown argument, a bad boolean, profile, policy or real-time factor,
-            or a missing params file.
+            or a missing params file, or a remap entry that is not a from:=to pair.
     """
     known = {a.name: a.default for a in LAUNCH_ARGUMENTS}
     unknown = sorted(set(arguments) - set(known))
@@ -197,6 +253,7 @@ def resolve(arguments: Mapping[str, str]) -> list[ResolvedNode]:
     )
     if not params_file.is_file():
         raise ValueError(f"params_file {str(params_file)!r} does not exist")
+    remappings = parse_remappings(values["remap"])
     namespace = values["namespace"].strip().rstrip("/")
     if namespace and not namespace.startswith("/"):
         namespace = "/" + namespace
@@ -207,5 +264,7 @@ def resolve(arguments: Mapping[str, str]) -> list[ResolvedNode]:
         if spec.policy and spec.policy != policy:
             continue
         overrides = {k: overrides_by_name[k] for k in spec.overridable if k in overrides_by_name}
-        nodes.append(ResolvedNode(spec, namespace, str(params_file.resolve()), overrides))
+        nodes.append(
+            ResolvedNode(spec, namespace, str(params_file.resolve()), overrides, remappings)
+        )
     return nodes

@@ -95,13 +95,9 @@ class EpisodeResult:
 
 
 def sim_parameter(params_file: str, name: str, default):
-    """A workcell_sim parameter from the YAML (its section, else `/**`, else `default`)."""
+    """A workcell_sim parameter from the YAML (its sections, else `default`)."""
     data = yaml.safe_load(Path(params_file).read_text()) or {}
-    for section in ("workcell_sim", "/**"):
-        values = (data.get(section) or {}).get("ros__parameters") or {}
-        if name in values:
-            return values[name]
-    return default
+    return graph.node_parameters(data, "workcell_sim").get(name, default)
 
 
 def graph_nodes(args: argparse.Namespace, out: Path) -> list[graph.ResolvedNode]:

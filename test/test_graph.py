@@ -11,6 +11,7 @@ import types
 from pathlib import Path
 
 import pytest
+import yaml
 
 from oxygen_ros import graph
 
@@ -37,26 +38,36 @@ def test_use_sim_adds_sensors_first_and_overrides_reach_inference_only(tmp_path)
             "checkpoint_dir": "/ck",
             "namespace": "robot1/",
             "params_file": str(params),
+            "remap": "joint_states:=robot/joint_states  oxygen/actions:=/fleet/actions",
         }
     )
     assert [n.spec.name for n in nodes] == ["sim_sensors", "perception", "inference"]
     assert nodes[2].overrides == {"model_preset": "pi05", "checkpoint_dir": "/ck"}
     assert nodes[0].overrides == {} and nodes[1].overrides == {}
-    assert nodes[2].ros_arguments() == [
+    with pytest.raises(ValueError, match="overrides_dir"):
+        nodes[2].ros_arguments()
+    assert nodes[0].ros_arguments() == nodes[0].ros_arguments(tmp_path)  # nothing to write
+    assert nodes[2].ros_arguments(tmp_path) == [
         "-r",
         "__node:=inference",
         "-r",
         "__ns:=/robot1",
+        "-r",
+        "joint_states:=robot/joint_states",
+        "-r",
+        "oxygen/actions:=/fleet/actions",
         "--params-file",
         str(params),
-        "-p",
-        "inference:model_preset:=pi05",
-        "-p",
-        "inference:checkpoint_dir:=/ck",
+        "--params-file",
+        str(tmp_path / "inference_overrides.yaml"),
     ]
+    written = yaml.safe_load((tmp_path / "inference_overrides.yaml").read_text())
+    assert written == {
+        "/robot1/inference": {"ros__parameters": {"model_preset": "pi05", "checkpoint_dir": "/ck"}}
+    }
 
 
-def test_workcell_profile_starts_its_simulator_and_the_chosen_policy() -> None:
+def test_workcell_profile_starts_its_simulator_and_the_chosen_policy(tmp_path) -> None:
     nodes = graph.resolve({"profile": "workcell"})
     assert [n.spec.name for n in nodes] == ["perception", "inference"]
     assert all(Path(n.params_file).name == "workcell.yaml" for n in nodes)
@@ -64,7 +75,11 @@ def test_workcell_profile_starts_its_simulator_and_the_chosen_policy() -> None:
     assert [n.spec.name for n in nodes] == ["workcell_sim", "perception", "inference"]
     assert nodes[0].spec.module == "oxygen_ros.nodes.workcell_sim_node"
     assert nodes[0].overrides == {"real_time_factor": 0.3}  # a float parameter, not a string
-    assert nodes[0].ros_arguments()[-2:] == ["-p", "workcell_sim:real_time_factor:=0.3"]
+    assert nodes[0].ros_arguments(tmp_path)[-2:] == [
+        "--params-file",
+        str(tmp_path / "workcell_sim_overrides.yaml"),
+    ]
+    assert "real_time_factor: 0.3" in (tmp_path / "workcell_sim_overrides.yaml").read_text()
     assert nodes[2].overrides == {}
     expert = graph.resolve(
         {"profile": "workcell", "use_sim": "true", "policy": "expert", "model_preset": "pi05"}
@@ -178,6 +193,7 @@ def test_launch_file_declares_every_argument_and_starts_the_resolved_graph(monke
     assert [n.kwargs["executable"] for n in nodes] == [r.spec.executable for r in expected]
     assert [n.kwargs["name"] for n in nodes] == ["sim_sensors", "perception", "inference"]
     assert nodes[-1].kwargs["parameters"] == [expected[-1].params_file, {"model_preset": "tiny"}]
+    assert all(n.kwargs["remappings"] == [] for n in nodes)
     assert all(n.kwargs["package"] == "oxygen_ros" for n in nodes)
 
 
@@ -204,3 +220,81 @@ def test_workcell_launch_file_defaults_the_profile_to_workcell(monkeypatch) -> N
     assert [n.kwargs["name"] for n in nodes] == ["workcell_sim", "perception", "inference"]
     assert nodes[0].kwargs["parameters"][1] == {"real_time_factor": 0.25}
     assert Path(nodes[0].kwargs["parameters"][0]).name == "workcell.yaml"
+
+
+def test_remap_argument_is_checked() -> None:
+    assert graph.parse_remappings("") == ()
+    assert graph.parse_remappings(" a:=b\tc/d:=/e ") == (("a", "b"), ("c/d", "/e"))
+    for bad in ("a", "a:=", ":=b", "a=b"):
+        with pytest.raises(ValueError, match="from:=to"):
+            graph.resolve({"remap": bad})
+
+
+def test_node_parameters_merge_the_sections_rcl_applies_in_file_order() -> None:
+    data = {
+        "/**": {"ros__parameters": {"a": 1, "b": 1}},
+        "/**/inference": {"ros__parameters": {"b": 2, "c": 2}},
+        "perception": {"ros__parameters": {"a": 9}},
+        "inference": {"ros__parameters": {"c": 3}},
+    }
+    assert graph.node_parameters(data, "inference") == {"a": 1, "b": 2, "c": 3}
+    assert graph.node_parameters(data, "perception") == {"a": 9, "b": 1}
+    assert graph.node_parameters({}, "inference") == {}
+
+
+@pytest.mark.parametrize("profile", graph.PROFILES)
+def test_profile_yaml_and_overrides_reach_nodes_in_a_namespace(profile: str, tmp_path) -> None:
+    """rcl itself (no spinning): a node started with the bring-up's arguments under a
+    namespace gets its own YAML section and the launch overrides. Positive control: a plain
+    `inference:` section and a `-p inference:...` override (what the files and the bring-up
+    used before) reach the node without a namespace but not the namespaced one."""
+    import rclpy
+    from rcl_interfaces.msg import ParameterDescriptor
+    from rclpy.node import Node
+
+    def values(arguments: list[str], name: str, keys, namespace: str = "") -> dict:
+        context = rclpy.Context()
+        rclpy.init(args=["--ros-args", *arguments], context=context)
+        try:
+            node = Node(name, namespace=namespace, context=context)
+            dynamic = ParameterDescriptor(dynamic_typing=True)
+            out = {
+                k: (
+                    node.get_parameter(k)
+                    if node.has_parameter(k)  # built in (use_sim_time)
+                    else node.declare_parameter(k, None, dynamic)
+                ).value
+                for k in dict.fromkeys(keys)
+            }
+            out = {k: v for k, v in out.items() if v is not None}
+            out["__ns"] = node.get_namespace()
+            node.destroy_node()
+            return out
+        finally:
+            rclpy.shutdown(context=context)
+
+    launch = {"model_preset": "pi05"} if profile == "humanoid" else {"real_time_factor": "0.3"}
+    for namespace in ("", "robot1/"):
+        nodes = graph.resolve(
+            {"profile": profile, "use_sim": "true", "namespace": namespace, **launch}
+        )
+        data = yaml.safe_load(Path(nodes[0].params_file).read_text())
+        shared = data["/**"]["ros__parameters"]
+        for node in nodes:
+            section = graph.node_parameters(data, node.spec.name)
+            own = {
+                k: v
+                for k, v in section.items()
+                if k not in shared and not isinstance(v, dict) and v != []  # [] reads as unset
+            }
+            assert own, node.spec.name  # each node has parameters of its own in the YAML
+            args = node.ros_arguments(tmp_path)
+            got = values(args, node.spec.name, [*own, *node.overrides])
+            assert got.pop("__ns") == ("/robot1" if namespace else "/")
+            assert got == {**own, **node.overrides}, (namespace, node.spec.name)
+    old_yaml = tmp_path / "old.yaml"
+    old_yaml.write_text("inference:\n  ros__parameters:\n    seed: 7\n")
+    old = ["--params-file", str(old_yaml), "-p", "inference:model_preset:=pi05"]
+    keys = ["seed", "model_preset"]
+    assert values(old, "inference", keys) == {"seed": 7, "model_preset": "pi05", "__ns": "/"}
+    assert values(old, "inference", keys, "/robot1") == {"__ns": "/robot1"}

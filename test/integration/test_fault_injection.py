@@ -44,6 +44,7 @@ from rclpy.serialization import serialize_message
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 
+from oxygen_ros import graph
 from oxygen_ros.msg import ActionChunk, MemoryEntry, ObservationFrame, SpeechToken
 from oxygen_ros.nodes.conversions import rgb_image_msg, seconds_to_time
 from oxygen_ros.nodes.image_conversion import ENCODING_CHANNELS, check_image, encode_image
@@ -87,7 +88,7 @@ CENTRE = {SLOT_OF[name]: spec[3] for name, spec in SENSORS.items()}
 GOOD_POSITIONS = [0.9] + [round(0.02 * i - 0.18, 4) for i in range(1, len(JOINTS))]
 LIMIT = 0.5  # joint_position_lower/upper = -/+ LIMIT for every joint
 MAX_VELOCITY = 2.0  # joint_max_velocity for every joint, units per second
-ACTION_DT = float(_YAML["inference"]["ros__parameters"]["action_dt_s"])
+ACTION_DT = float(graph.node_parameters(_YAML, "inference")["action_dt_s"])
 MAX_STEP = MAX_VELOCITY * ACTION_DT
 HOLD_CHUNK_ID = 2**63
 MAX_PENDING = 4
@@ -749,7 +750,7 @@ def test_malformed_instructions_counted_truncated_and_fuzzed(rig: Rig) -> None:
         assert rig.value("inference", "prompt", "") == "pick up the red cup"  # kept
     log = rig.inference.log()
     assert "empty instruction ignored" in log and "instruction is not valid UTF-8" in log
-    limit = int(_YAML["inference"]["ros__parameters"]["instruction_max_chars"])
+    limit = int(graph.node_parameters(_YAML, "inference")["instruction_max_chars"])
     before = rig.count("inference", "instruction_truncated")
     long_text = "stack the blocks " * 100
     rig.instruction_pub.publish(String(data=long_text))
@@ -876,7 +877,7 @@ def wait_no_frames(rig: Rig, reason: str) -> float:
 
 
 def test_camera_dropout_masked_then_restored_and_no_frames_without_inputs(rig: Rig) -> None:
-    stale_after = float(_YAML["perception"]["ros__parameters"]["stale_after_s"])
+    stale_after = float(graph.node_parameters(_YAML, "perception")["stale_after_s"])
     masked_before = rig.count("perception", "masked.left_wrist")
     rig.sensors.cameras_on["left_wrist"] = False
     stopped = time.monotonic()

@@ -4,11 +4,13 @@ and stops every child cleanly (exit 0) on SIGINT/SIGTERM or at the end of --dura
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
 import yaml
-from harness import wait_for
+from harness import call_service, wait_for
+from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 
 from oxygen_ros.msg import ActionChunk, SpeechToken
 from oxygen_ros.nodes.runtime import RELIABLE_QOS, SPEECH_QOS
@@ -23,7 +25,7 @@ JAX_CACHE = Path(os.environ.get("OXYGEN_BUILD_DIR", ROOT / ".build")) / "jax_cac
 def params_file(tmp_path: Path) -> Path:
     """humanoid.yaml with the memory database in tmp_path (never the user's)."""
     data = yaml.safe_load(PARAMS.read_text())
-    data["inference"]["ros__parameters"]["memory_db_path"] = str(tmp_path / "memory.sqlite3")
+    data["/**/inference"]["ros__parameters"]["memory_db_path"] = str(tmp_path / "memory.sqlite3")
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -95,3 +97,66 @@ def test_bringup_refuses_unknown_argument(launcher) -> None:
     proc = launcher.start("oxygen_ros.bringup", args=["use_simulation:=true"], name="bad")
     wait_for(lambda: not proc.alive(), 15, "the bring-up to refuse")
     assert proc.popen.returncode == 2 and "unknown launch argument" in proc.log()
+
+
+def test_namespaced_bringup_applies_each_nodes_yaml_section_and_the_overrides(
+    launcher, ros_node, tmp_path
+) -> None:
+    """`namespace:=robot1`: every node lives under /robot1, reads its own `/**/<node>` YAML
+    section (non-default values here, read back over each node's parameter service) and the
+    launch overrides (the YAML asks for model_preset pi05, which cannot start here; the
+    `model_preset:=tiny` argument must win for any action to flow)."""
+    from rcl_interfaces.srv import GetParameters
+    from rclpy.parameter import parameter_value_to_python
+
+    from oxygen_ros import graph
+
+    launcher.env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
+    data = yaml.safe_load(params_file(tmp_path).read_text())
+    expected = {
+        "sim_sensors": {"joint_rate_hz": 20.0},
+        "perception": {"observation_rate_hz": 20.0},
+        "inference": {"action_rate_hz": 50.0, "narration_period_s": 0.0},
+    }
+    defaults = yaml.safe_load(PARAMS.read_text())
+    for node, values in expected.items():
+        for name, value in values.items():  # each value differs from the shipped YAML's
+            assert graph.node_parameters(defaults, node)[name] != value
+        data[f"/**/{node}"]["ros__parameters"].update(values)
+    data["/**/inference"]["ros__parameters"]["model_preset"] = "pi05"
+    path = tmp_path / "namespaced.yaml"
+    path.write_text(yaml.safe_dump(data))
+    deep = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE)
+    actions = ros_node.collect(ActionChunk, "/robot1/oxygen/actions", deep)
+    proc = launcher.start(
+        "oxygen_ros.bringup",
+        args=[
+            f"params_file:={path}",
+            "namespace:=robot1",
+            "model_preset:=tiny",
+            "--no-view",
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        name="namespaced",
+    )
+    wait_for(lambda: len(actions) >= 60 or not proc.alive(), 240, "actions on /robot1", poll_s=0.2)
+    assert proc.alive(), proc.log()
+    expected["inference"]["model_preset"] = "tiny"
+    for node, values in expected.items():
+        client = ros_node.node.create_client(GetParameters, f"/robot1/{node}/get_parameters")
+        reply = call_service(client, GetParameters.Request(names=list(values)))
+        got = dict(zip(values, map(parameter_value_to_python, reply.values), strict=True))
+        assert got == values, node
+
+    # The tick rate follows the inference section's action_rate_hz (50 Hz, not 70): ticks
+    # counted over 3 s of this process's clock (a lagging reader stretches the span, so the
+    # bound below 50 Hz is loose; 70 Hz would exceed the upper one).
+    def ticks() -> int:
+        return sum(m.trigger == ActionChunk.TRIGGER_TICK for m in list(actions))
+
+    start, first = time.monotonic(), ticks()
+    wait_for(lambda: time.monotonic() - start >= 3.0, 10, "3 s of ticks")
+    rate = (ticks() - first) / (time.monotonic() - start)
+    assert 40.0 <= rate <= 57.0, rate
+    assert proc.stop(signal.SIGINT, timeout_s=30) == 0, proc.log()

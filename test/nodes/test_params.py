@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import yaml
 
+from oxygen_ros import graph
 from oxygen_ros.engine.config import get_model_config
 from oxygen_ros.nodes import params as P
 from oxygen_ros.nodes.engine_bridge import build_engine_config
@@ -52,10 +53,7 @@ def load(profile: str) -> dict:
 
 
 def yaml_values(node: str, profile: str = "humanoid") -> dict:
-    data = load(profile)
-    values = flatten(data["/**"]["ros__parameters"])
-    values.update(flatten(data.get(node, {}).get("ros__parameters", {})))
-    return values
+    return flatten(graph.node_parameters(load(profile), node))
 
 
 def declared(node: str, values: dict, profile: str = "humanoid") -> dict[str, P.ParamSpec]:
@@ -68,7 +66,7 @@ def declared(node: str, values: dict, profile: str = "humanoid") -> dict[str, P.
 
 @pytest.mark.parametrize(("profile", "node"), PROFILE_NODE_PAIRS)
 def test_yaml_sets_every_declared_parameter_with_a_valid_value(profile: str, node: str) -> None:
-    if node not in load(profile):
+    if f"/**/{node}" not in load(profile):
         pytest.skip(f"{profile}.yaml has no {node} section yet")
     values = yaml_values(node, profile)
     specs = declared(node, values, profile)
@@ -85,7 +83,8 @@ def test_every_yaml_key_is_declared_by_some_node(profile: str) -> None:
     data = load(profile)
     for section, body in data.items():
         keys = set(flatten(body["ros__parameters"]))
-        nodes = list(PROFILE_NODES[profile]) if section == "/**" else [section]
+        assert section == "/**" or section.startswith("/**/"), f"{section}: not namespace-proof"
+        nodes = list(PROFILE_NODES[profile]) if section == "/**" else [section[len("/**/") :]]
         known = set(ROS_BUILTIN) if section != "/**" else set()
         for node in nodes:
             known |= set(declared(node, yaml_values(node, profile), profile))
@@ -96,9 +95,10 @@ def test_every_yaml_key_is_declared_by_some_node(profile: str) -> None:
 def test_workcell_nodes_follow_the_simulator_clock_but_the_simulator_does_not() -> None:
     data = load("workcell")
     assert "use_sim_time" not in data["/**"]["ros__parameters"]
-    assert not data["workcell_sim"]["ros__parameters"].get("use_sim_time", False)
-    for node in SIM_TIME_NODES & set(data):
-        assert data[node]["ros__parameters"].get("use_sim_time") is True, node
+    assert not graph.node_parameters(data, "workcell_sim").get("use_sim_time", False)
+    for node in SIM_TIME_NODES:
+        if f"/**/{node}" in data:
+            assert graph.node_parameters(data, node).get("use_sim_time") is True, node
 
 
 def test_workcell_profile_matches_the_simulated_robot() -> None:
