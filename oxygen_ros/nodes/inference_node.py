@@ -24,6 +24,9 @@ Invariants (the units' docstrings hold the rest):
   `memory_republish_count` entries are republished (transient local) at start.
 - Bad input (frames that break the message invariants, stale or future frames, empty /
   non-UTF-8 instructions) is counted and warned about (throttled), never passed to the engine.
+- Instructions come from latched and volatile publishers alike (`instruction_intake`), each
+  publication counted once; the one in use (after `default_instruction`, then every accepted
+  one) is on `current_instruction_topic`, latched.
 - Test only: `fault_injection` (off by default) makes every frame raise after `Engine.step` or
   poisons its chunk with NaN, to exercise the fault paths over ROS.
 """
@@ -37,6 +40,7 @@ from collections.abc import Sequence
 
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
 from std_msgs.msg import String
 
@@ -55,11 +59,13 @@ from oxygen_ros.nodes.conversions import (
 )
 from oxygen_ros.nodes.engine_bridge import LanguageQueue, RateMeter, build_engine_config
 from oxygen_ros.nodes.engine_loop import EngineLoop, FrameFormat, FrameInbox
+from oxygen_ros.nodes.instruction_intake import Deduplicator, message_key
 from oxygen_ros.nodes.memory_store import MemoryStore
 from oxygen_ros.nodes.request_book import Finished, RequestBook
 from oxygen_ros.nodes.runtime import (
     LATCHED_QOS,
     OBSERVATION_QOS,
+    RELIABLE_QOS,
     SERVICE_QOS,
     SPEECH_QOS,
     ReasonThrottle,
@@ -115,6 +121,9 @@ class InferenceNode(Node):
             MemoryEntry, p["memory_topic"], latched_qos(p["memory_republish_count"])
         )
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self._instruction_pub = self.create_publisher(
+            String, p["current_instruction_topic"], LATCHED_QOS
+        )
 
         # The units.
         clock = lambda: now_s(self)  # noqa: E731  (the node's ROS clock: observation stamps)
@@ -123,6 +132,8 @@ class InferenceNode(Node):
         self._inbox = FrameInbox(
             self._clean_instruction(p["default_instruction"]) or "", clock=clock
         )
+        if self._inbox.prompt:
+            self._instruction_pub.publish(String(data=self._inbox.prompt))
         self._actions = ActionProcess.start(
             ActionProcessConfig(
                 node_name=f"{self.get_name()}_actions",
@@ -175,13 +186,22 @@ class InferenceNode(Node):
             callback_group=self._io_group,
             raw=True,  # deserialized by the engine thread, only the frames it uses
         )
-        self.create_subscription(
-            String,
-            p["instruction_topic"],
-            self._on_instruction,
-            LATCHED_QOS,
-            callback_group=self._io_group,
-        )
+        # Instructions from latched publishers (history for a late start: transient local;
+        # its QoS mismatch with volatile publishers is expected, not warned about) and from
+        # volatile ones (`ros2 topic pub`, rqt); a latched message reaches both, counted once.
+        self._instructions_seen = Deduplicator()
+        for qos, events in (
+            (LATCHED_QOS, SubscriptionEventCallbacks(incompatible_qos=lambda _event: None)),
+            (RELIABLE_QOS, None),
+        ):
+            self.create_subscription(
+                String,
+                p["instruction_topic"],
+                self._on_instruction,
+                qos,
+                callback_group=self._io_group,
+                event_callbacks=events,
+            )
         self.create_service(
             RequestLanguage,
             p["request_language_service"],
@@ -315,13 +335,19 @@ class InferenceNode(Node):
             text = text[:limit]
         return text
 
-    def _on_instruction(self, msg: String) -> None:
+    def _on_instruction(self, msg: String, info) -> None:
+        # `info` must stay a required argument: rclpy passes message info only to a callback
+        # that cannot be called with the message alone.
+        if not self._instructions_seen.accept(message_key(info, msg.data)):
+            self.counters["instruction_duplicates"] += 1  # the same publication, other route
+            return
         text = self._clean_instruction(msg.data)
         if text is None:
             if "\ufffd" not in msg.data:
                 self._reject("instruction_empty", "empty instruction ignored")
             return
         self._inbox.set_prompt(text)
+        self._instruction_pub.publish(String(data=text))
         self.counters["instructions"] += 1
         # Queued subtask requests end now; in-flight ones are aborted by the engine thread.
         self._book.supersede(RequestKind.SUBTASK, "superseded by a new instruction")

@@ -729,6 +729,13 @@ INFERENCE: tuple[ParamSpec, ...] = (
         "str",
         check=topic_name,
     ),
+    ParamSpec(
+        "current_instruction_topic",
+        "oxygen/current_instruction",
+        "the instruction in use, latched for late joiners (std_msgs/String)",
+        "str",
+        check=topic_name,
+    ),
     ParamSpec("speech_topic", "oxygen/speech", "SpeechToken topic", "str", check=topic_name),
     ParamSpec("memory_topic", "oxygen/memory", "MemoryEntry topic", "str", check=topic_name),
     ParamSpec(

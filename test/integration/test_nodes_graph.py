@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from diagnostic_msgs.msg import DiagnosticArray
 from harness import ProcessLauncher, SpinningNode, call_service, wait_for
 from rcl_interfaces.srv import GetParameters, SetParameters
 from rclpy.parameter import Parameter
@@ -395,3 +396,45 @@ def test_restart_keeps_memory_and_ids_continue(graph) -> None:
     )
     new = [e.entry_id for e in late if e.entry_id > last_id]
     assert min(new) == last_id + 1  # ids continue
+
+
+def test_instructions_from_volatile_and_latched_publishers_count_once_and_stay_latched(
+    graph,
+) -> None:
+    """A volatile publisher (rclpy's default QoS, as `ros2 topic pub` or rqt) reaches the node;
+    a latched one reaches both of its subscriptions and counts once (the duplicate counter is
+    the positive control that both saw it); the instruction in use is latched on
+    oxygen/current_instruction for a subscriber that joins afterwards."""
+    diagnostics = graph.view.collect(DiagnosticArray, "/diagnostics", 50)
+
+    def counters() -> dict[str, int]:
+        for array in reversed(list(diagnostics)):
+            for status in array.status:
+                if status.name == "oxygen_ros: inference":
+                    values = {kv.key: kv.value for kv in status.values}
+                    return {
+                        "instructions": int(values.get("instructions", 0)),
+                        "duplicates": int(values.get("instruction_duplicates", 0)),
+                    }
+        return {}
+
+    wait_for(lambda: counters(), 15, "the inference node's diagnostics")
+    volatile = graph.view.node.create_publisher(String, "oxygen/instruction", 10)
+    graph.view.wait_for_subscribers(volatile)  # only the volatile subscription matches it
+    before = counters()
+    volatile.publish(String(data="wipe the table"))
+    wait_for(
+        lambda: counters()["instructions"] == before["instructions"] + 1,
+        15,
+        "the volatile publisher's instruction",
+    )
+    graph.instruction_pub.publish(String(data="stack the cups"))
+    wait_for(
+        lambda: counters()["duplicates"] == before["duplicates"] + 1,
+        15,
+        "the latched instruction on the second subscription",
+    )
+    assert counters()["instructions"] == before["instructions"] + 2
+    late = graph.view.collect(String, "oxygen/current_instruction", LATCHED_QOS)
+    wait_for(lambda: late, 15, "the current instruction, latched")
+    assert late[-1].data == "stack the cups"
