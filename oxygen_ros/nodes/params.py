@@ -74,13 +74,22 @@ def coerce(kind: str, value: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------------ checks
+def _bounded(check: Check, lo: float, hi: float, constraint: str) -> Check:
+    """Marks `check` with the closed range its values lie in (the parameter descriptor's
+    `floating_point_range` / `integer_range`, which `ros2 param describe` and rqt show and
+    rclpy enforces on every set) and a human-readable constraint."""
+    check.bounds = (lo, hi)  # type: ignore[attr-defined]
+    check.constraint = constraint  # type: ignore[attr-defined]
+    return check
+
+
 def positive_rate(max_hz: float = 1000.0) -> Check:
     def check(v: float) -> str | None:
         if not (math.isfinite(v) and 0 < v <= max_hz):
             return f"must be a rate in (0, {max_hz:g}] Hz"
         return None
 
-    return check
+    return _bounded(check, 0.0, max_hz, f"a rate in (0, {max_hz:g}] Hz")
 
 
 def period_or_zero(min_s: float = 0.05) -> Check:
@@ -104,20 +113,21 @@ def int_range(lo: int, hi: int) -> Check:
     def check(v: int) -> str | None:
         return None if lo <= v <= hi else f"must be in [{lo}, {hi}]"
 
-    return check
+    return _bounded(check, lo, hi, f"in [{lo}, {hi}]")
 
 
 def float_range(lo: float, hi: float) -> Check:
     def check(v: float) -> str | None:
         return None if math.isfinite(v) and lo <= v <= hi else f"must be in [{lo:g}, {hi:g}]"
 
-    return check
+    return _bounded(check, lo, hi, f"in [{lo:g}, {hi:g}]")
 
 
 def one_of(*choices: str) -> Check:
     def check(v: str) -> str | None:
         return None if v in choices else f"must be one of {', '.join(choices)}"
 
+    check.constraint = "one of: " + ", ".join(repr(c) for c in choices)  # type: ignore[attr-defined]
     return check
 
 
@@ -773,6 +783,30 @@ def validate(spec: ParamSpec, value: Any) -> tuple[Any, str | None]:
     return converted, None
 
 
+def descriptor(spec: ParamSpec, with_range: bool = True) -> Any:
+    """The `ParameterDescriptor` of `spec`: description, read-only unless runtime, dynamic
+    typing (integers are accepted for floats), the check's constraint as text and, for a
+    bounded check, its closed range (a float range for floats, an integer range for ints)."""
+    from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+
+    out = ParameterDescriptor(
+        description=spec.description + ("" if spec.runtime else " (restart to change)"),
+        read_only=not spec.runtime,
+        dynamic_typing=True,
+        additional_constraints=getattr(spec.check, "constraint", ""),
+    )
+    bounds = getattr(spec.check, "bounds", None)
+    if with_range and bounds is not None:
+        lo, hi = bounds
+        if spec.kind == "float":
+            out.floating_point_range = [
+                FloatingPointRange(from_value=float(lo), to_value=float(hi), step=0.0)
+            ]
+        elif spec.kind == "int":
+            out.integer_range = [IntegerRange(from_value=int(lo), to_value=int(hi), step=1)]
+    return out
+
+
 class NodeParameters:
     """Declares a node's parameters, validates them, and applies runtime changes.
 
@@ -809,18 +843,17 @@ class NodeParameters:
         node.add_post_set_parameters_callback(self._on_post_set)
 
     def _declare(self, specs: Iterable[ParamSpec]) -> list[str]:
-        from rcl_interfaces.msg import ParameterDescriptor
+        from rclpy.exceptions import InvalidParameterValueException
 
         errors = []
         node = self._node
         for spec in specs:
             self._specs[spec.name] = spec
-            descriptor = ParameterDescriptor(
-                description=spec.description + ("" if spec.runtime else " (restart to change)"),
-                read_only=not spec.runtime,
-                dynamic_typing=True,
-            )
-            param = node.declare_parameter(spec.name, spec.default, descriptor)
+            try:
+                param = node.declare_parameter(spec.name, spec.default, descriptor(spec))
+            except InvalidParameterValueException:  # outside the range: the check says why
+                plain = descriptor(spec, with_range=False)
+                param = node.declare_parameter(spec.name, spec.default, plain)
             value, reason = validate(spec, param.value)
             if reason:
                 errors.append(reason)

@@ -227,3 +227,64 @@ def test_engine_config_refuses_small_cache() -> None:
     values["cache_max_seq_len"] = 16
     with pytest.raises(ValueError):
         build_engine_config(values, 19)
+
+
+def _node_with(arguments: list[str]):
+    """A real rclpy node (not spun) in its own context with these `--ros-args`."""
+    import rclpy
+    from rclpy.node import Node
+
+    context = rclpy.Context()
+    rclpy.init(args=["--ros-args", *arguments], context=context)
+    return Node("inference", context=context), context
+
+
+def test_descriptors_show_ranges_and_constraints_and_rclpy_enforces_them() -> None:
+    """`ros2 param describe` reads these descriptors: a bounded float/int check gives the range,
+    a choice its options. A set outside the range is refused (rclpy's own check, with our check
+    behind it); inside it is accepted and reaches the listeners."""
+    import rclpy
+    from rclpy.parameter import Parameter
+
+    node, context = _node_with(["-p", "joint_names:=[a, b]"])
+    try:
+        params = P.NodeParameters(node, P.SHARED + P.INFERENCE)
+        rate, slots, mode = node.describe_parameters(
+            ["action_rate_hz", "cache_num_slots", "scheduler_mode"]
+        )
+        spec = next(s for s in P.INFERENCE if s.name == "action_rate_hz")
+        (bounds,) = rate.floating_point_range
+        assert (bounds.from_value, bounds.to_value) == spec.check.bounds
+        assert rate.additional_constraints.startswith("a rate in (0,")
+        assert not rate.read_only and slots.read_only
+        assert slots.integer_range and slots.integer_range[0].from_value >= 1
+        assert "'continuous'" in mode.additional_constraints
+        assert not mode.floating_point_range and not mode.integer_range
+        changed = []
+        params.add_listener(changed.append)
+        refused = node.set_parameters([Parameter("action_rate_hz", value=1.0e6)])[0]
+        assert not refused.successful and params["action_rate_hz"] == 70.0
+        assert node.set_parameters([Parameter("action_rate_hz", value=50.0)])[0].successful
+        assert params["action_rate_hz"] == 50.0 and changed == [{"action_rate_hz": 50.0}]
+        # An integer for a float parameter (`ros2 param set /inference action_rate_hz 60`).
+        assert node.set_parameters([Parameter("action_rate_hz", value=60)])[0].successful
+        assert params["action_rate_hz"] == 60.0
+        # Zero is inside the descriptor's closed range but not a rate: our check refuses it.
+        zero = node.set_parameters([Parameter("action_rate_hz", value=0.0)])[0]
+        assert not zero.successful and "rate" in zero.reason
+    finally:
+        node.destroy_node()
+        rclpy.shutdown(context=context)
+
+
+def test_out_of_range_start_value_fails_with_our_reason_not_an_rclpy_exception() -> None:
+    import rclpy
+
+    node, context = _node_with(["-p", "action_rate_hz:=5000.0", "-p", "cache_num_slots:=0"])
+    try:
+        with pytest.raises(P.ParameterError) as caught:
+            P.NodeParameters(node, P.SHARED + P.INFERENCE)
+        assert "action_rate_hz" in str(caught.value) and "cache_num_slots" in str(caught.value)
+    finally:
+        node.destroy_node()
+        rclpy.shutdown(context=context)
