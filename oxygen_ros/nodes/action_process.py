@@ -21,7 +21,8 @@ Protocol (pickled tuples, `multiprocessing.connection.Connection` framing):
 - parent -> child: the `ActionProcessConfig` first; then ("hand_off", actions, observation
   stamp, latency_s, handed_at), ("hold", positions), ("stream", StreamConfig), ("params",
   {name: value}), ("diagnostics", request id), ("stop",).
-- child -> parent: ("ready", why the priority was refused or ""), ("reject", reason, message),
+- child -> parent: ("ready", why the priority was refused or ""), ("reject", reason, message)
+  (a refused chunk, or a JointTrajectory not sent: reason `trajectory_invalid.<group>`),
   ("watchdog", transition), ("diagnostics", request id, values).
 
 Invariants:
@@ -53,7 +54,8 @@ import numpy as np
 
 from oxygen_ros.nodes.action_publisher import ActionPublisher, raise_thread_priority
 from oxygen_ros.nodes.action_stream import Slice, StreamConfig
-from oxygen_ros.nodes.conversions import action_chunk_msg, joint_trajectory_msg
+from oxygen_ros.nodes.conversions import action_chunk_msg, joint_trajectory_msg, trajectory_points
+from oxygen_ros.nodes.trajectory_groups import TrajectoryGroup, split_chunk, trajectory_problems
 
 DIAGNOSTICS_TIMEOUT_S = 1.0  # the parent's wait for the child's diagnostics
 GIL_SWITCH_INTERVAL_S = 0.0005  # the child's own threads (reader, sim-time clock) yield soon
@@ -66,7 +68,8 @@ class ActionProcessConfig:
     node_name: str  # the child's node name
     namespace: str  # the parent's namespace
     actions_topic: str  # fully resolved (the parent's remappings applied)
-    trajectory_topic: str  # fully resolved; "" = no JointTrajectory
+    # One JointTrajectory per group (topics fully resolved) per new chunk; () = none.
+    trajectory_groups: tuple[TrajectoryGroup, ...]
     frame_id: str
     joint_names: tuple[str, ...]
     horizon: int  # rows per model chunk
@@ -261,29 +264,49 @@ def serve(
 
 
 class ActionMessages:
-    """The child's `publish`: one ActionChunk per message, and a JointTrajectory once per
-    chunk when `trajectory_pub` is given."""
+    """The child's `publish`: one ActionChunk per message and, once per chunk, one
+    JointTrajectory per trajectory group, each checked (`trajectory_problems`) first: one a
+    controller would refuse is not sent, and `on_invalid(reason, message)` hears of it."""
 
     def __init__(
-        self, action_pub, trajectory_pub, joint_names: Sequence[str], frame_id: str
+        self,
+        action_pub,
+        joint_names: Sequence[str],
+        frame_id: str,
+        trajectory_pubs: Sequence[tuple[TrajectoryGroup, Any]] = (),
+        on_invalid: Callable[[str, str], None] = lambda reason, message: None,
     ) -> None:
         self._action_pub = action_pub
-        self._trajectory_pub = trajectory_pub
         self._joint_names = tuple(joint_names)
         self._frame_id = frame_id
+        self._groups = tuple(group for group, _ in trajectory_pubs)
+        self._trajectory_pubs = {group.name: pub for group, pub in trajectory_pubs}
+        self._on_invalid = on_invalid
         self._trajectory_chunk: int | None = None  # chunk_id of the last JointTrajectory
 
     def __call__(self, piece: Slice, sequence: int, trigger: int) -> None:
         self._action_pub.publish(
             action_chunk_msg(piece, sequence, self._joint_names, self._frame_id, trigger)
         )
-        if self._trajectory_pub is not None and piece.chunk.chunk_id != self._trajectory_chunk:
+        if self._groups and piece.chunk.chunk_id != self._trajectory_chunk:
             # Once per chunk: JointTrajectoryController interpolates along time_from_start
             # itself, and a 50-point trajectory costs ~2 ms to build and send.
             self._trajectory_chunk = piece.chunk.chunk_id
-            self._trajectory_pub.publish(
-                joint_trajectory_msg(piece, self._joint_names, self._frame_id)
-            )
+            self._publish_trajectories(piece)
+
+    def _publish_trajectories(self, piece: Slice) -> None:
+        times = np.arange(len(piece.rows)) * piece.chunk.dt  # from the slice's stamp
+        for trajectory in split_chunk(self._groups, piece.rows, times):
+            group = trajectory.group
+            msg = joint_trajectory_msg(trajectory, piece.stamp, self._frame_id)
+            problems = trajectory_problems(*trajectory_points(msg), group.joint_names)
+            if problems:
+                self._on_invalid(
+                    f"trajectory_invalid.{group.name}",
+                    f"JointTrajectory for {group.topic} not sent: {'; '.join(problems)}",
+                )
+                continue
+            self._trajectory_pubs[group.name].publish(msg)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -314,11 +337,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parameter_overrides=[Parameter("use_sim_time", value=config.use_sim_time)],
     )
     action_pub = node.create_publisher(ActionChunk, config.actions_topic, RELIABLE_QOS)
-    trajectory_pub = (
-        node.create_publisher(JointTrajectory, config.trajectory_topic, RELIABLE_QOS)
-        if config.trajectory_topic
-        else None
-    )
+    trajectory_pubs = [
+        (group, node.create_publisher(JointTrajectory, group.topic, RELIABLE_QOS))
+        for group in config.trajectory_groups
+    ]
     send_lock = threading.Lock()
 
     def send(message: tuple) -> None:
@@ -327,13 +349,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             conn.send(message)
 
     params = dict(config.params)
+
+    def reject(reason: str, message: str) -> None:  # counted and warned about by the parent
+        send(("reject", reason, message))
+
     publisher = ActionPublisher(
         config.stream,
         config.horizon,
         params,
-        ActionMessages(action_pub, trajectory_pub, config.joint_names, config.frame_id),
+        ActionMessages(
+            action_pub, config.joint_names, config.frame_id, trajectory_pubs, on_invalid=reject
+        ),
         lambda: now_s(node),  # ROS time: sim time follows /clock (spun below)
-        on_reject=lambda reason, message: send(("reject", reason, message)),
+        on_reject=reject,
         on_watchdog=lambda transition: send(("watchdog", transition)),
     )
     # The priority first: the threads started below inherit it (the middleware's threads,

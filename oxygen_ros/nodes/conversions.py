@@ -31,6 +31,7 @@ from oxygen_ros.msg import ActionChunk, MemoryEntry, ObservationFrame, SpeechTok
 from oxygen_ros.nodes.action_stream import Slice
 from oxygen_ros.nodes.fusion import FusedFrame
 from oxygen_ros.nodes.memory_store import MemoryRecord
+from oxygen_ros.nodes.trajectory_groups import GroupTrajectory, TrajectoryPoint
 
 KIND_TO_MSG: dict[RequestKind, int] = {
     RequestKind.SUBTASK: SpeechToken.KIND_SUBTASK,
@@ -247,22 +248,38 @@ def action_chunk_rows(msg: ActionChunk) -> np.ndarray:
 
 
 def joint_trajectory_msg(
-    piece: Slice, joint_names: Sequence[str], frame_id: str
+    trajectory: GroupTrajectory, stamp: float, frame_id: str
 ) -> JointTrajectory:
-    """A stream slice -> `trajectory_msgs/JointTrajectory` (time_from_start = k * dt)."""
+    """One group's trajectory -> `trajectory_msgs/JointTrajectory` (positions only; the
+    header stamp is the time its time_from_start values count from)."""
     msg = JointTrajectory()
-    msg.header.stamp = seconds_to_time(piece.stamp)
+    msg.header.stamp = seconds_to_time(stamp)
     msg.header.frame_id = frame_id
-    msg.joint_names = list(joint_names)
-    rows = np.ascontiguousarray(piece.rows, dtype=np.float64)
+    msg.joint_names = list(trajectory.group.joint_names)
+    rows = np.ascontiguousarray(trajectory.positions, dtype=np.float64)
     points = []
     for k in range(len(rows)):
         point = JointTrajectoryPoint()
         point.positions = array.array("d", rows[k].tobytes())
-        point.time_from_start = seconds_to_duration(k * piece.chunk.dt)
+        point.time_from_start = seconds_to_duration(float(trajectory.time_from_start_s[k]))
         points.append(point)
     msg.points = points
     return msg
+
+
+def trajectory_points(msg: JointTrajectory) -> tuple[list[str], list[TrajectoryPoint]]:
+    """`trajectory_msgs/JointTrajectory` -> (joint names, points), for
+    `trajectory_groups.trajectory_problems`."""
+    points = [
+        TrajectoryPoint(
+            tuple(p.positions),
+            p.time_from_start.sec + p.time_from_start.nanosec * 1e-9,
+            tuple(p.velocities),
+            tuple(p.accelerations),
+        )
+        for p in msg.points
+    ]
+    return list(msg.joint_names), points
 
 
 # ---------------------------------------------------------------------------------- speech

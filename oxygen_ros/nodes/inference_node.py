@@ -74,6 +74,7 @@ from oxygen_ros.nodes.runtime import (
     publish_status,
     run_node,
 )
+from oxygen_ros.nodes.trajectory_groups import TrajectoryGroup, all_joints_group, parse_groups
 from oxygen_ros.srv import QueryMemory, RequestLanguage
 
 THROTTLE_S = 5.0
@@ -87,7 +88,13 @@ class InferenceNode(Node):
 
     def __init__(self) -> None:
         super().__init__("inference")
-        self.params = P.NodeParameters(self, P.SHARED + P.INFERENCE)
+        self.params = P.NodeParameters(
+            self,
+            P.SHARED + P.INFERENCE,
+            dependent=lambda v: [
+                s for g in v["trajectory_groups"] for s in P.trajectory_group_specs(g)
+            ],
+        )
         p = self.params
         self._joint_names = tuple(p["joint_names"])
         # The model's state: the joints, then perceived entries of the frame (not actions).
@@ -97,6 +104,7 @@ class InferenceNode(Node):
         try:
             self._engine_config = build_engine_config(p.values(), len(self._joint_names))
             stream_config = self._stream_config()
+            trajectory_groups = self._trajectory_groups()
         except ValueError as exc:
             raise P.ParameterError(str(exc)) from exc
         model = self._engine_config.model
@@ -139,11 +147,7 @@ class InferenceNode(Node):
                 node_name=f"{self.get_name()}_actions",
                 namespace=self.get_namespace(),
                 actions_topic=self.resolve_topic_name(p["actions_topic"]),
-                trajectory_topic=(
-                    self.resolve_topic_name(p["joint_trajectory_topic"])
-                    if p["publish_joint_trajectory"]
-                    else ""
-                ),
+                trajectory_groups=trajectory_groups if p["publish_joint_trajectory"] else (),
                 frame_id=p["frame_id"],
                 joint_names=self._joint_names,
                 horizon=model.action_horizon,
@@ -281,6 +285,21 @@ class InferenceNode(Node):
             position_upper=tuple(p["joint_position_upper"]),
             max_velocity=tuple(p["joint_max_velocity"]),
         )
+
+    def _trajectory_groups(self) -> tuple[TrajectoryGroup, ...]:
+        """The JointTrajectory groups (topics resolved); no groups: one of every joint."""
+        p = self.params
+        if not p["trajectory_groups"]:
+            topic = self.resolve_topic_name(p["joint_trajectory_topic"])
+            return (all_joints_group(self._joint_names, topic),)
+        groups = {
+            g: (
+                self.resolve_topic_name(p[f"trajectory_group.{g}.topic"]),
+                p[f"trajectory_group.{g}.joints"],
+            )
+            for g in p["trajectory_groups"]
+        }
+        return parse_groups(self._joint_names, groups)
 
     def _period(self, name: str) -> float:
         """Timer period for a period parameter; 0 (disabled) polls rarely and does nothing."""

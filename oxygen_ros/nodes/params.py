@@ -617,6 +617,15 @@ INFERENCE: tuple[ParamSpec, ...] = (
     ParamSpec("joint_max_velocity", [], "per-joint velocity limits ([] = none)", "float_list"),
     ParamSpec("publish_joint_trajectory", False, "also publish JointTrajectory", "bool"),
     ParamSpec(
+        "trajectory_groups",
+        [],
+        "publish_joint_trajectory: one JointTrajectory per group (a ros2_control "
+        "JointTrajectoryController each), configured by trajectory_group.<name>.* ([] = one "
+        "message of every joint on joint_trajectory_topic)",
+        "str_list",
+        check=unique_names_or_none,
+    ),
+    ParamSpec(
         "watchdog_timeout_s",
         1.0,
         "no fresh observation used for this long: trip",
@@ -763,6 +772,32 @@ INFERENCE: tuple[ParamSpec, ...] = (
         check=topic_name,
     ),
 )
+
+
+# One controller group of the inference node's JointTrajectory output: trajectory_group.<name>.*
+TRAJECTORY_GROUP: tuple[ParamSpec, ...] = (
+    ParamSpec(
+        "topic",
+        "",
+        "the controller's JointTrajectory topic (e.g. left_arm_controller/joint_trajectory)",
+        "str",
+        check=topic_name,
+    ),
+    ParamSpec(
+        "joints",
+        [],
+        "the controller's joints (a subset of joint_names, in no other group)",
+        "str_list",
+        check=unique_names,
+    ),
+)
+
+
+def trajectory_group_specs(group: str) -> tuple[ParamSpec, ...]:
+    """The per-group parameters `trajectory_group.<group>.<field>`."""
+    return tuple(
+        dataclasses.replace(s, name=f"trajectory_group.{group}.{s.name}") for s in TRAJECTORY_GROUP
+    )
 
 
 def camera_specs(camera: str, template: Sequence[ParamSpec]) -> tuple[ParamSpec, ...]:

@@ -17,7 +17,7 @@ def config(topic: str, **overrides) -> ActionProcessConfig:
         node_name="test_actions",
         namespace="/",
         actions_topic=topic,
-        trajectory_topic="",
+        trajectory_groups=(),
         frame_id="base",
         joint_names=("a", "b"),
         horizon=16,

@@ -1,6 +1,7 @@
 """The inference node's action process for real (spawned, publishing over DDS): a hand-off is
 published at once and ticks follow at 70 Hz, SIGINT is left to the parent, `stop` ends it with
-exit code 0, and it exits when its parent is killed (kill -9)."""
+exit code 0, it publishes one valid JointTrajectory per controller group, and it exits when its
+parent is killed (kill -9)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ import numpy as np
 import pytest
 from harness import wait_for
 from integration.action_parent import config, rows
+from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.msg import ActionChunk
 from oxygen_ros.nodes.action_process import ActionProcess
 from oxygen_ros.nodes.action_stream import StreamConfig
+from oxygen_ros.nodes.conversions import trajectory_points
 from oxygen_ros.nodes.runtime import RELIABLE_QOS
+from oxygen_ros.nodes.trajectory_groups import parse_groups, trajectory_problems
 
 pytestmark = pytest.mark.integration
 
@@ -72,6 +76,61 @@ def test_hand_off_published_at_once_then_ticks_sigint_ignored_stop_exits_0(ros_n
         code = process.stop(timeout_s=10.0)
     assert code == 0
     wait_for(lambda: ros_node.node.count_publishers("/t_actions_a") == 0, 10, "no publisher")
+
+
+def test_one_joint_trajectory_per_group_each_valid_for_its_controller(ros_node) -> None:
+    joints = ("a", "b", "c", "d")
+    groups = parse_groups(
+        joints,
+        {
+            "arm": ("/t_jt_arm/joint_trajectory", ["b", "a"]),
+            "gripper": ("/t_jt_gripper/joint_trajectory", ["c"]),
+            "head": ("/t_jt_head/joint_trajectory", ["d"]),
+        },
+    )
+    received = {g.name: ros_node.collect(JointTrajectory, g.topic, RELIABLE_QOS) for g in groups}
+    process = ActionProcess.start(
+        config(
+            "/t_actions_c",
+            joint_names=joints,
+            stream=StreamConfig(dt=0.04, num_joints=4, blend_mode="replace", max_chunk_age_s=5.0),
+            trajectory_groups=groups,
+        ),
+        on_reject=lambda reason, message: None,
+        on_watchdog=lambda transition: None,
+    )
+    chunk = np.arange(64, dtype=np.float32).reshape(16, 4)  # row k, joint j: 4 k + j
+    handed = [0.0]
+
+    def handing_off_until_each_group_has_two() -> bool:
+        # A trajectory goes once per chunk: hand over new ones (every 0.1 s) until both the
+        # test's subscriptions and the child's writers have matched.
+        if all(len(r) >= 2 for r in received.values()):
+            return True
+        if time.monotonic() - handed[0] > 0.1:
+            process.link.hand_off(chunk, time.time() - 0.01, 0.01)
+            handed[0] = time.monotonic()
+        return False
+
+    try:
+        assert process.link.ready.wait(START_TIMEOUT_S), "the action process never started"
+        for g in groups:
+            ros_node.wait_for_publishers(g.topic)
+        wait_for(
+            handing_off_until_each_group_has_two,
+            15,
+            lambda: f"{ {name: len(r) for name, r in received.items()} } trajectories",
+        )
+        for g in groups:
+            for msg in list(received[g.name]):
+                assert list(msg.joint_names) == list(g.joint_names)
+                assert trajectory_problems(*trajectory_points(msg), g.joint_names) == []
+                # The group's columns of the chunk's rows not yet passed (its last rows).
+                positions = [list(p.positions) for p in msg.points]
+                np.testing.assert_array_equal(positions, chunk[-len(positions) :, g.columns])
+    finally:
+        code = process.stop(timeout_s=10.0)
+    assert code == 0
 
 
 def test_exits_when_its_parent_is_killed(launcher, ros_node) -> None:

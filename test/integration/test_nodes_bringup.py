@@ -160,3 +160,34 @@ def test_namespaced_bringup_applies_each_nodes_yaml_section_and_the_overrides(
     rate = (ticks() - first) / (time.monotonic() - start)
     assert 40.0 <= rate <= 57.0, rate
     assert proc.stop(signal.SIGINT, timeout_s=30) == 0, proc.log()
+
+
+@pytest.mark.parametrize(
+    ("joints", "problem"),
+    [
+        ("[head_pan, head_roll]", "['head_roll'] are not in joint_names"),
+        ("[]", "trajectory_group.head.joints=[] refused: must not be empty"),
+    ],
+)
+def test_inference_refuses_bad_trajectory_groups_at_start(
+    launcher, tmp_path, joints: str, problem: str
+) -> None:
+    proc = launcher.start(
+        "oxygen_ros.nodes.inference_node",
+        ros_args=[
+            "--params-file",
+            str(params_file(tmp_path)),
+            "-r",
+            "__node:=inference",
+            "-p",
+            "inference:trajectory_groups:=[head]",
+            "-p",
+            "inference:trajectory_group.head.topic:=head_controller/joint_trajectory",
+            "-p",
+            f"inference:trajectory_group.head.joints:={joints}",
+        ],
+        name="bad_groups",
+    )
+    wait_for(lambda: not proc.alive(), 60, "the inference node to refuse its parameters")
+    assert proc.popen.returncode == 2, proc.log()
+    assert "invalid parameters" in proc.log() and problem in proc.log(), proc.log()

@@ -26,8 +26,9 @@ from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.msg import ActionChunk, MemoryEntry, SpeechToken
-from oxygen_ros.nodes.conversions import action_chunk_rows, time_to_seconds
+from oxygen_ros.nodes.conversions import action_chunk_rows, time_to_seconds, trajectory_points
 from oxygen_ros.nodes.runtime import LATCHED_QOS, RELIABLE_QOS, SPEECH_QOS, latched_qos
+from oxygen_ros.nodes.trajectory_groups import trajectory_problems
 from oxygen_ros.srv import QueryMemory, RequestLanguage
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -42,6 +43,12 @@ ENGINE_START_TIMEOUT_S = 240.0  # JAX import + model init + first compiles on 2 
 RATE_WINDOW_S = 6.0
 DEEP_QOS = QoSProfile(depth=2000, reliability=QoSReliabilityPolicy.RELIABLE)
 PUBLISH_SLACK_S = 0.005  # slicing -> DDS write inside the node
+# One JointTrajectory per controller group (trajectory_group.<name>.*), not one of every joint.
+TRAJECTORY_GROUPS = {
+    "left": ("left_controller/joint_trajectory", [j for j in JOINTS if j.startswith("left_")]),
+    "right": ("right_controller/joint_trajectory", [j for j in JOINTS if j.startswith("right_")]),
+    "head": ("head_controller/joint_trajectory", ["waist_yaw", "head_pan", "head_tilt"]),
+}
 
 
 def inference_args(db_path: Path) -> list[str]:
@@ -60,6 +67,18 @@ def inference_args(db_path: Path) -> list[str]:
         "inference:diagnostics_period_s:=0.5",
         "-p",
         "inference:publish_joint_trajectory:=true",
+        "-p",
+        f"inference:trajectory_groups:=[{', '.join(TRAJECTORY_GROUPS)}]",
+        *(
+            arg
+            for name, (topic, joints) in TRAJECTORY_GROUPS.items()
+            for arg in (
+                "-p",
+                f"inference:trajectory_group.{name}.topic:={topic}",
+                "-p",
+                f"inference:trajectory_group.{name}.joints:=[{', '.join(joints)}]",
+            )
+        ),
     ]
 
 
@@ -75,7 +94,13 @@ class Graph:
         self.actions: list[tuple[float, float, ActionChunk]] = []
         self.speech: list[tuple[float, SpeechToken]] = []
         self.memory: list[MemoryEntry] = []
-        self.trajectories = view.collect(JointTrajectory, "oxygen/joint_trajectory", RELIABLE_QOS)
+        self.trajectories = {
+            name: view.collect(JointTrajectory, topic, RELIABLE_QOS)
+            for name, (topic, _) in TRAJECTORY_GROUPS.items()
+        }
+        self.all_joints_trajectories = view.collect(
+            JointTrajectory, "oxygen/joint_trajectory", RELIABLE_QOS
+        )
         # Deep history: a busy test process must not lose samples (reliable keep-last drops
         # what is overwritten before it is taken).
         node.create_subscription(ActionChunk, "oxygen/actions", self._on_action, DEEP_QOS)
@@ -215,12 +240,20 @@ def test_actions_at_70hz_under_language_load(graph) -> None:
         assert first_row >= published - PUBLISH_SLACK_S, (first_row - published, msg.sequence)
         assert first_row < published + msg.dt
         assert time_to_seconds(msg.observation_stamp) <= time_to_seconds(msg.header.stamp)
-    # The optional JointTrajectory carries each new chunk (time_from_start = k * dt).
-    trajectory = graph.trajectories[-1]
-    assert list(trajectory.joint_names) == JOINTS and len(trajectory.points) >= 1
-    if len(trajectory.points) > 1:
-        step = trajectory.points[1].time_from_start
-        assert step.sec + step.nanosec * 1e-9 == pytest.approx(window[-1][2].dt)
+    # The optional JointTrajectory carries each new chunk (time_from_start = k * dt), one
+    # message per controller group with that group's joints only, each valid for a
+    # JointTrajectoryController owning them; none of every joint.
+    for name, (_, joints) in TRAJECTORY_GROUPS.items():
+        received = list(graph.trajectories[name])
+        assert received, f"no JointTrajectory for group {name}"
+        for trajectory in received:
+            assert list(trajectory.joint_names) == joints
+            assert trajectory_problems(*trajectory_points(trajectory), joints) == []
+        trajectory = received[-1]
+        if len(trajectory.points) > 1:
+            step = trajectory.points[1].time_from_start
+            assert step.sec + step.nanosec * 1e-9 == pytest.approx(window[-1][2].dt)
+    assert graph.all_joints_trajectories == []
 
 
 def check_stream(graph, request_id: str) -> None:

@@ -7,6 +7,7 @@ test/integration/test_action_process.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -15,14 +16,16 @@ from multiprocessing.connection import Connection
 import numpy as np
 import pytest
 
-from oxygen_ros.nodes.action_process import ActionLink, serve
+from oxygen_ros.nodes.action_process import ActionLink, ActionMessages, serve
 from oxygen_ros.nodes.action_publisher import (
     HOLD_CHUNK_ID,
     TRIGGER_NEW_CHUNK,
     TRIGGER_TICK,
     ActionPublisher,
 )
-from oxygen_ros.nodes.action_stream import StreamConfig
+from oxygen_ros.nodes.action_stream import Slice, StreamConfig, TimedChunk
+from oxygen_ros.nodes.conversions import time_to_seconds
+from oxygen_ros.nodes.trajectory_groups import TrajectoryGroup, parse_groups
 
 ROWS = 16
 DT = 0.125
@@ -235,3 +238,45 @@ def test_unanswered_diagnostics_time_out() -> None:
     finally:
         link.close()
         child_end.close()
+
+
+# ----------------------------------------------------------------- the child's messages
+class FakePub:
+    def __init__(self) -> None:
+        self.messages: list = []
+
+    def publish(self, msg) -> None:
+        self.messages.append(msg)
+
+
+def test_one_trajectory_per_group_per_chunk_and_a_refused_one_is_reported() -> None:
+    joints = ("a", "b", "c")
+    groups = parse_groups(joints, {"ca": ("ca/jt", ["c", "a"]), "b": ("b/jt", ["b"])})
+    bad = TrajectoryGroup("bad", "bad/jt", ("a", "a"), (0, 0))  # bypasses parse_groups
+    pubs = {name: FakePub() for name in ("actions", "ca", "b", "bad")}
+    invalid: list[tuple[str, str]] = []
+    messages = ActionMessages(
+        pubs["actions"],
+        joints,
+        "base",
+        [(g, pubs[g.name]) for g in (*groups, bad)],
+        on_invalid=lambda reason, message: invalid.append((reason, message)),
+    )
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    chunk = TimedChunk(0, 10.0, DT, values, 9.9, 0.1)
+    messages(Slice(chunk, 1, 10.0 + DT, values[1:]), 0, TRIGGER_NEW_CHUNK)
+    messages(Slice(chunk, 2, 10.0 + 2 * DT, values[2:]), 1, TRIGGER_TICK)  # same chunk
+    assert len(pubs["actions"].messages) == 2
+    (ca,) = pubs["ca"].messages
+    (b,) = pubs["b"].messages
+    assert ca.joint_names == ["c", "a"] and b.joint_names == ["b"]
+    assert [list(p.positions) for p in ca.points] == [[5.0, 3.0], [8.0, 6.0], [11.0, 9.0]]
+    assert [list(p.positions) for p in b.points] == [[4.0], [7.0], [10.0]]
+    assert time_to_seconds(ca.header.stamp) == pytest.approx(10.0 + DT)
+    assert pubs["bad"].messages == []
+    assert [reason for reason, _ in invalid] == ["trajectory_invalid.bad"]
+    assert "bad/jt" in invalid[0][1] and "repeat a joint" in invalid[0][1]
+    messages(Slice(chunk, 1, 10.0 + DT, values[1:]), 2, TRIGGER_NEW_CHUNK)
+    assert len(pubs["ca"].messages) == 1  # chunk 0 again: no second trajectory
+    messages(Slice(dataclasses.replace(chunk, chunk_id=1), 0, 10.0, values), 3, TRIGGER_NEW_CHUNK)
+    assert len(pubs["ca"].messages) == 2 and len(pubs["ca"].messages[1].points) == 4

@@ -23,9 +23,16 @@ from oxygen_ros.nodes.conversions import (
     seconds_to_time,
     speech_token_msg,
     time_to_seconds,
+    trajectory_points,
 )
 from oxygen_ros.nodes.fusion import FusedFrame
 from oxygen_ros.nodes.memory_store import MemoryRecord
+from oxygen_ros.nodes.trajectory_groups import (
+    all_joints_group,
+    parse_groups,
+    split_chunk,
+    trajectory_problems,
+)
 
 SLOTS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 JOINTS = ("a", "b", "c")
@@ -129,10 +136,29 @@ def test_action_chunk_and_trajectory() -> None:
     assert time_to_seconds(msg.observation_stamp) == pytest.approx(9.8)
     assert msg.inference_latency == pytest.approx(0.3) and msg.dt == pytest.approx(0.1)
     np.testing.assert_array_equal(action_chunk_rows(msg), rows[1:])
-    traj = joint_trajectory_msg(piece, JOINTS, "base_link")
+    (trajectory,) = split_chunk(
+        [all_joints_group(JOINTS, "jt")], piece.rows, np.arange(3) * chunk.dt
+    )
+    traj = joint_trajectory_msg(trajectory, piece.stamp, "base_link")
     assert traj.joint_names == list(JOINTS) and len(traj.points) == 3
+    assert time_to_seconds(traj.header.stamp) == pytest.approx(10.1)
+    assert traj.header.frame_id == "base_link"
     assert list(traj.points[2].positions) == [9.0, 10.0, 11.0]
     assert traj.points[2].time_from_start.nanosec == 200_000_000
+    names, points = trajectory_points(traj)  # back, as a controller reads it
+    assert names == list(JOINTS) and points == list(trajectory.points())
+
+
+def test_group_trajectory_message_has_the_groups_joints_only() -> None:
+    rows = np.arange(12, dtype=np.float32).reshape(4, 3)
+    groups = parse_groups(JOINTS, {"ca": ("ca/jt", ["c", "a"]), "b": ("b/jt", ["b"])})
+    ca, _b = split_chunk(groups, rows, np.array([-0.1, 0.0, 0.1, 0.2]))
+    msg = joint_trajectory_msg(ca, 7.0, "base_link")
+    assert msg.joint_names == ["c", "a"]
+    assert [list(p.positions) for p in msg.points] == [[5.0, 3.0], [8.0, 6.0], [11.0, 9.0]]
+    names, points = trajectory_points(msg)
+    assert trajectory_problems(names, points, ["a", "c"]) == []
+    assert trajectory_problems(names, points, ["b"]) != []  # another controller refuses it
 
 
 @pytest.mark.parametrize(

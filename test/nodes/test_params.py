@@ -10,6 +10,7 @@ from oxygen_ros import graph
 from oxygen_ros.engine.config import get_model_config
 from oxygen_ros.nodes import params as P
 from oxygen_ros.nodes.engine_bridge import build_engine_config
+from oxygen_ros.nodes.trajectory_groups import parse_groups
 
 CONFIG = Path(__file__).resolve().parents[2] / "config"
 YAML_PATH = CONFIG / "humanoid.yaml"
@@ -61,7 +62,59 @@ def declared(node: str, values: dict, profile: str = "humanoid") -> dict[str, P.
     out = {s.name: s for s in specs}
     for name in values.get("camera_names", []):
         out.update({s.name: s for s in P.camera_specs(name, camera)})
+    if node == "inference":
+        for name in values.get("trajectory_groups", []):
+            out.update({s.name: s for s in P.trajectory_group_specs(name)})
     return out
+
+
+def commented_trajectory_groups(profile: str = "humanoid") -> dict:
+    """The inference section's commented trajectory group example, uncommented."""
+    lines = (CONFIG / f"{profile}.yaml").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("    # trajectory_groups:"))
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("    # "):
+            break
+        block.append(line.replace("    # ", "", 1))
+    return flatten(yaml.safe_load("\n".join(block)))
+
+
+def test_commented_trajectory_group_example_is_valid() -> None:
+    values = yaml_values("inference")
+    values.update(commented_trajectory_groups())
+    specs = declared("inference", values)
+    groups = values["trajectory_groups"]
+    assert len(groups) >= 2 and {f"trajectory_group.{g}.joints" for g in groups} <= set(specs)
+    for name in set(specs) & set(commented_trajectory_groups()):
+        _, reason = P.validate(specs[name], values[name])
+        assert reason is None, reason
+    parsed = parse_groups(
+        values["joint_names"],
+        {
+            g: (values[f"trajectory_group.{g}.topic"], values[f"trajectory_group.{g}.joints"])
+            for g in groups
+        },
+    )
+    # The example sends every joint, each to one controller.
+    assert sorted(j for g in parsed for j in g.joint_names) == sorted(values["joint_names"])
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "ok"),
+    [
+        ("trajectory_groups", [], True),
+        ("trajectory_groups", ["arm", "arm"], False),
+        ("trajectory_group.arm.topic", "", False),
+        ("trajectory_group.arm.topic", "arm_controller/joint_trajectory", True),
+        ("trajectory_group.arm.joints", [], False),
+        ("trajectory_group.arm.joints", ["a", "a"], False),
+    ],
+)
+def test_trajectory_group_checks(name, value, ok) -> None:
+    specs = {s.name: s for s in P.INFERENCE + P.trajectory_group_specs("arm")}
+    _, reason = P.validate(specs[name], value)
+    assert (reason is None) == ok, reason
 
 
 @pytest.mark.parametrize(("profile", "node"), PROFILE_NODE_PAIRS)
