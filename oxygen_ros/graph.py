@@ -158,7 +158,12 @@ class ResolvedNode:
             import yaml
 
             path = Path(overrides_dir) / f"{self.spec.name}_overrides.yaml"
-            body = {self.fully_qualified_name: {"ros__parameters": dict(self.overrides)}}
+            # A string value reads as `-p name:=value` would: as a YAML scalar ("1.0" a float).
+            values = {
+                k: yaml.safe_load(v) if isinstance(v, str) and v else v
+                for k, v in self.overrides.items()
+            }
+            body = {self.fully_qualified_name: {"ros__parameters": values}}
             path.write_text(yaml.safe_dump(body))
             args += ["--params-file", str(path)]
         return args

@@ -80,6 +80,13 @@ def test_workcell_profile_starts_its_simulator_and_the_chosen_policy(tmp_path) -
         str(tmp_path / "workcell_sim_overrides.yaml"),
     ]
     assert "real_time_factor: 0.3" in (tmp_path / "workcell_sim_overrides.yaml").read_text()
+    # Strings read as `-p name:=value` reads them (benchmarks pass "1.0", "true", paths).
+    typed = graph.ResolvedNode(
+        nodes[2].spec, "", nodes[2].params_file, {"a": "1.0", "b": "true", "c": "/x", "d": ""}
+    )
+    typed.ros_arguments(tmp_path)
+    written = yaml.safe_load((tmp_path / "inference_overrides.yaml").read_text())
+    assert written["/inference"]["ros__parameters"] == {"a": 1.0, "b": True, "c": "/x", "d": ""}
     assert nodes[2].overrides == {}
     expert = graph.resolve(
         {"profile": "workcell", "use_sim": "true", "policy": "expert", "model_preset": "pi05"}

@@ -15,7 +15,10 @@ is the parent's end: `hand_off` and `set_hold_positions` (engine thread), `recon
 `set_params`, `diagnostics` (executor), `stop`. Child: `main` makes a node named
 `<parent>_actions` in the parent's namespace, publishers on the parent's resolved topics, an
 `ActionPublisher` whose thread is the process's main thread (SCHED_FIFO when the priority is
-permitted), and a reader thread (`serve`, ROS-free) that applies the parent's messages.
+permitted), a reader thread (`serve`, ROS-free) that applies the parent's messages, and the
+emergency stop inputs (`estop_topic`: std_msgs/Bool, latched or volatile publishers;
+`estop_service`: std_srvs/SetBool) on an executor thread of its own: an e-stop reaches the
+publisher without passing through the parent (whose GIL the engine thread shares).
 
 Protocol (pickled tuples, `multiprocessing.connection.Connection` framing):
 - parent -> child: the `ActionProcessConfig` first; then ("hand_off", actions, observation
@@ -77,6 +80,9 @@ class ActionProcessConfig:
     params: dict[str, Any]  # the ActionPublisher's live parameters at start
     priority: int  # SCHED_FIFO priority of the publisher thread (0: normal)
     use_sim_time: bool
+    # Emergency stop inputs (fully resolved; "" = none): std_msgs/Bool topic, SetBool service.
+    estop_topic: str = ""
+    estop_service: str = ""
 
 
 # ---------------------------------------------------------------------------------- parent
@@ -312,13 +318,16 @@ class ActionMessages:
 def main(argv: Sequence[str] | None = None) -> int:
     """The child: `python -m oxygen_ros.nodes.action_process <fd of its socket end>`."""
     import rclpy
+    from rclpy.event_handler import SubscriptionEventCallbacks
     from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
     from rclpy.parameter import Parameter
     from rclpy.signals import SignalHandlerOptions
+    from std_msgs.msg import Bool
+    from std_srvs.srv import SetBool
     from trajectory_msgs.msg import JointTrajectory
 
     from oxygen_ros.msg import ActionChunk
-    from oxygen_ros.nodes.runtime import RELIABLE_QOS, now_s
+    from oxygen_ros.nodes.runtime import LATCHED_QOS, RELIABLE_QOS, SERVICE_QOS, now_s
 
     argv = sys.argv if argv is None else argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops this process (docstring)
@@ -371,8 +380,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     threading.Thread(
         target=serve, args=(conn, publisher, params, send), name="reader", daemon=True
     ).start()
+    # Emergency stop here, not in the parent: its path never waits behind the engine's process.
+    # Latched publishers (an e-stop engaged before this started) and volatile ones both match.
+    if config.estop_topic:
+        for qos in (LATCHED_QOS, RELIABLE_QOS):
+            node.create_subscription(
+                Bool,
+                config.estop_topic,
+                lambda msg: publisher.set_estop(msg.data),
+                qos,
+                event_callbacks=SubscriptionEventCallbacks(incompatible_qos=lambda _e: None),
+            )
+    if config.estop_service:
+
+        def on_estop(request, response):
+            publisher.set_estop(request.data)
+            response.success = True
+            response.message = "emergency stop " + ("engaged" if request.data else "released")
+            return response
+
+        node.create_service(SetBool, config.estop_service, on_estop, qos_profile=SERVICE_QOS)
     executor = None
-    if config.use_sim_time:  # /clock callbacks update the node's clock
+    if config.use_sim_time or config.estop_topic or config.estop_service:
+        # /clock callbacks update the node's clock; e-stop callbacks.
         executor = SingleThreadedExecutor(context=context)
         executor.add_node(node)
 

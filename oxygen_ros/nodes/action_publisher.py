@@ -34,9 +34,14 @@ would make two messages in a burst carrying nearly the same rows, a catch-up.
 
 Watchdog: fed by a hand-off whose observation was at most `watchdog_timeout_s` old when the
 engine handed it over; armed by the first feed; tripped while the last feed is older than the
-timeout. While tripped, `watchdog_policy` decides what a tick sends: `stop` nothing, `hold` the
-last joint state as a chunk (`HOLD_CHUNK_ID`, clamped to the position limits). A chunk handed
-over while tripped (its observation was not fresh) is taken into the stream, not published.
+timeout. At the trip the stream takes a hold of the last measured joint state
+(`ActionStream.offer_hold`: `HOLD_CHUNK_ID`, the same clamps as any chunk) and the tick sends
+it: an explicit hold that supersedes the model rows consumers may have buffered. While
+tripped, `watchdog_policy` decides what the following ticks send: `stop` nothing, `hold` the
+hold (renewed before it expires). A chunk handed over while tripped (its observation was not
+fresh) is taken into the stream, not published. The measured joint state
+(`set_hold_positions`, the newest frame's) is also where a chunk's velocity limits start when
+no previous chunk is live.
 
 Nothing stale is published (the `ActionStream` invariants). A tick with nothing to send is
 counted by reason (`action_ticks_empty.<reason>`: no_chunk, stale, exhausted, watchdog): a
@@ -57,18 +62,17 @@ from typing import Any
 import numpy as np
 
 from oxygen_ros.nodes.action_stream import (
+    HOLD_CHUNK_ID,
     ActionStream,
     RejectedChunkError,
     Slice,
     StreamConfig,
-    hold_chunk,
 )
 from oxygen_ros.nodes.sliding_window import SlidingWindow
 
 TRIGGER_TICK = 0  # ActionChunk.TRIGGER_TICK
 TRIGGER_NEW_CHUNK = 1  # ActionChunk.TRIGGER_NEW_CHUNK
 LATE_TOLERANCE_PERIODS = 0.5  # a tick later than this many periods is skipped (docstring)
-HOLD_CHUNK_ID = 2**63  # chunk_id of watchdog hold chunks (model chunks count from 0)
 RATE_WINDOW_S = 2.0  # the tick rate in diagnostics is over this many seconds
 # Parameters read live on every use (the node's NodeParameters, or a dict in tests).
 PARAMETERS = ("action_rate_hz", "watchdog_timeout_s", "watchdog_policy", "stats_window_s")
@@ -179,6 +183,8 @@ class ActionPublisher:
         self._stopping = False
         self._watchdog = Watchdog()
         self._hold_positions: np.ndarray | None = None
+        self._estop = False  # engaged: the hold at once, then nothing until released
+        self._estop_hold_due = False
         self._counters: collections.Counter[str] = collections.Counter()
         # The publisher thread's own state.
         self._ticks = TickClock(monotonic(), 1.0 / params["action_rate_hz"])
@@ -213,9 +219,28 @@ class ActionPublisher:
             self._cond.notify_all()
 
     def set_hold_positions(self, positions: np.ndarray) -> None:
-        """The last joint state, in the configured joint order (the `hold` policy sends it)."""
+        """The measured joint state of the newest frame, in the configured joint order (holds
+        repeat it; velocity limits start from it when no chunk is live)."""
         with self._cond:
             self._hold_positions = np.asarray(positions, dtype=np.float64)
+
+    def set_estop(self, engaged: bool) -> None:
+        """Emergency stop (any thread). Engaged: the publisher thread sends a hold of the
+        measured pose at once (superseding every buffered row), then nothing: ticks are empty
+        (`action_ticks_empty.estop`) and handed-off chunks are dropped unpublished, never
+        entering the stream. Released: ticks send the hold until the next fresh chunk, which is
+        published as usual, its velocity limits starting from the hold."""
+        with self._cond:
+            if engaged and not self._estop:
+                self._estop_hold_due = True
+                self._counters["estop_engagements"] += 1
+            self._estop = bool(engaged)
+            self._cond.notify_all()
+
+    @property
+    def estop_engaged(self) -> bool:
+        with self._cond:
+            return self._estop
 
     def reconfigure(self, stream_config: StreamConfig) -> None:
         """New blending/age settings (`ActionStream.reconfigure`)."""
@@ -243,6 +268,7 @@ class ActionPublisher:
             counters = dict(self._counters)
             stream = dataclasses.asdict(self._stream.counters)
             watchdog, trips = self._watchdog.state, self._watchdog.trips
+            estop = self._estop
         values: dict[str, object] = {
             "action_rate_hz": self._tick_times.rate(t),
             "action_tick_late_p99_ms": 1e3 * _or_zero(self._tick_lateness.percentile(99, t)),
@@ -253,6 +279,7 @@ class ActionPublisher:
             "actions.handoff_to_publish_p99_ms": 1e3 * self._handoff_delay.percentile(99, t),
             "watchdog": watchdog,
             "watchdog_trips": trips,
+            "estop": "engaged" if estop else "released",
             "action_ticks_skipped": 0,
         }
         values.update((f"actions.{k}", v) for k, v in stream.items())
@@ -265,7 +292,8 @@ class ActionPublisher:
         while True:
             wait_s = self.service()
             with self._cond:
-                if not self._stopping and self._mailbox is None and wait_s > 0:
+                idle = self._mailbox is None and not self._estop_hold_due
+                if not self._stopping and idle and wait_s > 0:
                     self._cond.wait(wait_s)
                 if self._stopping:
                     return
@@ -275,7 +303,14 @@ class ActionPublisher:
         late ones skipped). Returns seconds until the next tick deadline."""
         with self._cond:
             handed, self._mailbox = self._mailbox, None
-        if handed is not None:
+            hold_due, self._estop_hold_due = self._estop_hold_due, False
+            estop = self._estop
+        if hold_due:
+            self._publish_estop_hold()
+        if handed is not None and estop:
+            with self._cond:
+                self._counters["new_chunk_unpublished.estop"] += 1
+        elif handed is not None:
             self._publish_new_chunk(handed)
         t = self._monotonic()
         poll = self._ticks.poll(t, 1.0 / self._params["action_rate_hz"])
@@ -294,7 +329,13 @@ class ActionPublisher:
         transition = ""
         with self._cond:
             try:
-                self._stream.offer(handed.actions, handed.observation_stamp, handed.latency_s, now)
+                self._stream.offer(
+                    handed.actions,
+                    handed.observation_stamp,
+                    handed.latency_s,
+                    now,
+                    measured=self._measured(),
+                )
             except RejectedChunkError as exc:
                 rejected = exc
             else:
@@ -316,15 +357,28 @@ class ActionPublisher:
             self._handoff_delay.add(t - handed.handed_at, t)
             self._send(piece, TRIGGER_NEW_CHUNK, now)
 
+    def _publish_estop_hold(self) -> None:
+        now = self._clock()
+        with self._cond:
+            measured = self._measured()
+            if measured is None:  # no frame yet: nothing was sent, nothing to supersede
+                return
+            self._stream.offer_hold(measured, now, self._horizon)
+            piece = self._stream.slice(now)
+        if piece is not None:
+            self._send(piece, TRIGGER_TICK, now)
+
     def _publish_tick(self) -> None:
         now = self._clock()
         with self._cond:
+            if self._estop:
+                self._counters["action_ticks_empty.estop"] += 1
+                return
             piece = self._stream.slice(now)
             reason = self._stream.empty_reason(now) if piece is None else ""
             tripped, transition = self._watchdog.check(now, self._params["watchdog_timeout_s"])
             if tripped:
-                hold = self._params["watchdog_policy"] == "hold"
-                piece, reason = (self._hold_slice(now) if hold else None), "watchdog"
+                piece, reason = self._hold_slice(now, transition == "tripped"), "watchdog"
             if piece is None:
                 self._counters[f"action_ticks_empty.{reason}"] += 1
         if transition:
@@ -340,21 +394,30 @@ class ActionPublisher:
             last_row = piece.stamp + (len(piece.rows) - 1) * piece.chunk.dt
             self._coverage.add(last_row - now, self._monotonic())
 
-    def _hold_slice(self, now: float) -> Slice | None:
+    def _measured(self) -> np.ndarray | None:
         positions = self._hold_positions
-        if positions is None:
+        if positions is None or positions.shape != (self._stream.config.num_joints,):
             return None
-        cfg = self._stream.config
-        chunk = hold_chunk(
-            positions,
-            now,
-            cfg.dt,
-            self._horizon,
-            HOLD_CHUNK_ID,
-            cfg.position_lower,
-            cfg.position_upper,
-        )
-        return Slice(chunk, 0, now, chunk.rows)
+        return positions
+
+    def _hold_slice(self, now: float, at_trip: bool) -> Slice | None:
+        """While tripped: the explicit hold at the trip (both policies), then, with `hold`,
+        the hold again (a new one once the current has expired or run out)."""
+        if not at_trip and self._params["watchdog_policy"] != "hold":
+            return None
+        measured = self._measured()
+        if measured is None:
+            return None  # no frame yet: nothing known to hold
+        current = self._stream.current
+        if (
+            at_trip
+            or current is None
+            or current.chunk_id != HOLD_CHUNK_ID
+            or self._stream.empty_reason(now)
+        ):
+            self._stream.offer_hold(measured, now, self._horizon)
+            self._counters["watchdog_holds"] += 1
+        return self._stream.slice(now)
 
 
 def raise_thread_priority(priority: int) -> str:

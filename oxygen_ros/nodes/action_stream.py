@@ -12,8 +12,16 @@ Invariants:
   `max_chunk_age_s`, or when every row has passed.
 - A chunk with a NaN/inf value or the wrong width is refused whole (`RejectedChunkError`), and the
   previous chunk stays current.
-- Rows are clamped to the position limits and, between consecutive rows (and from the
-  previous chunk into the new one), to the velocity limits; the clamps are counted.
+- Rows are clamped to the position limits and, between consecutive rows, to the velocity
+  limits; the first published row is limited relative to the previous chunk's row before it
+  while that chunk is live, else relative to the measured joint state (the first chunk, or the
+  first after a gap, never jumps from where the robot is; a pose outside the position limits
+  counts as the nearest limit, so nothing published ever leaves them); the clamps are counted.
+- A hold (`offer_hold`) is a chunk like any other: the measured joint state repeated, through
+  the same clamps (no blending: it starts where the robot is), current until a newer chunk;
+  its chunk_id is `HOLD_CHUNK_ID`.
+- Every slice carries its expiry: `valid_until` = the chunk's observation stamp +
+  `max_chunk_age_s`, the time after which the stream itself publishes nothing of it.
 - On a new chunk, rows from `now` on are blended with the previous chunk sampled at the same
   times: `replace` switches at once; `blend` moves the weight of the new chunk linearly from
   1 / (N + 1) to 1 over `blend_steps` = N rows. Rows after the previous chunk's end are the
@@ -29,6 +37,7 @@ import numpy as np
 
 BLEND_MODES = ("replace", "blend")
 TIME_EPS = 1e-9  # seconds; a row exactly at `now` counts as not yet passed
+HOLD_CHUNK_ID = 2**63  # chunk_id of hold chunks (model chunks count from 0)
 
 
 class RejectedChunkError(ValueError):
@@ -119,6 +128,7 @@ class Slice:
     first_row: int  # index into chunk.rows of rows[0]
     stamp: float  # time of rows[0] (>= the publish time)
     rows: np.ndarray  # float32 [n, J], n >= 1
+    valid_until: float = math.inf  # no row may run after this time (the chunk's age limit)
 
 
 @dataclasses.dataclass
@@ -157,7 +167,12 @@ class ActionStream:
         self._current = None
 
     def offer(
-        self, actions: np.ndarray, observation_stamp: float, latency_s: float, now: float
+        self,
+        actions: np.ndarray,
+        observation_stamp: float,
+        latency_s: float,
+        now: float,
+        measured: np.ndarray | None = None,
     ) -> TimedChunk:
         """Aligns, blends and clamps a new chunk and makes it current.
 
@@ -166,6 +181,8 @@ class ActionStream:
             observation_stamp: Stamp of the observation the chunk was inferred from.
             latency_s: Seconds from the observation until the chunk was ready.
             now: Current time, seconds.
+            measured: float [J], the joint state of that observation: where the velocity
+                limits start from when no previous chunk is live (None: unlimited start).
 
         Returns:
             The chunk as it will be published.
@@ -198,15 +215,50 @@ class ActionStream:
         old = self._live_previous(now)
         if old is not None:
             self._blend(rows, start, first, old)
+            before = old.sample(start + (first - 1) * cfg.dt)
+        else:
+            before = None if measured is None else self._checked(measured)
+        chunk = self._clamp_and_keep(rows, start, first, before, observation_stamp, latency_s)
+        self._next_id += 1
+        return chunk
+
+    def offer_hold(self, measured: np.ndarray, now: float, horizon: int) -> TimedChunk:
+        """Makes a hold of the measured joint state current: `horizon` rows from `now`,
+        through the same clamps as a model chunk, observation stamp `now`, `HOLD_CHUNK_ID`."""
+        held = self._checked(measured)
+        rows = np.tile(held, (max(horizon, 1), 1))
+        return self._clamp_and_keep(rows, now, 0, held, now, 0.0, chunk_id=HOLD_CHUNK_ID)
+
+    def _checked(self, measured: np.ndarray) -> np.ndarray:
+        values = np.asarray(measured, dtype=np.float64).reshape(-1)
+        if values.shape != (self.config.num_joints,) or not np.all(np.isfinite(values)):
+            raise ValueError(
+                f"measured joint state {values} is not {self.config.num_joints} finite values"
+            )
+        return values
+
+    def _clamp_and_keep(
+        self,
+        rows: np.ndarray,
+        start: float,
+        first: int,
+        before: np.ndarray | None,
+        observation_stamp: float,
+        latency_s: float,
+        chunk_id: int | None = None,
+    ) -> TimedChunk:
         pos_clamped = self._clamp_positions(rows)
-        vel_clamped = self._clamp_velocities(rows, start, first, old)
+        if before is not None:  # a pose outside the limits: start from the nearest limit
+            before = before.copy()
+            self._clamp_positions(before[None])
+        vel_clamped = self._clamp_velocities(rows, first, before)
         self.counters.chunks_position_clamped += int(pos_clamped)
         self.counters.chunks_velocity_clamped += int(vel_clamped)
         out = rows.astype(np.float32)
         out.flags.writeable = False
-        chunk = TimedChunk(self._next_id, start, cfg.dt, out, observation_stamp, latency_s)
-        self._next_id += 1
-        self.counters.chunks_accepted += 1
+        chunk_id = self._next_id if chunk_id is None else chunk_id
+        chunk = TimedChunk(chunk_id, start, self.config.dt, out, observation_stamp, latency_s)
+        self.counters.chunks_accepted += int(chunk_id != HOLD_CHUNK_ID)
         self._current = chunk
         return chunk
 
@@ -216,7 +268,8 @@ class ActionStream:
             return None
         chunk = self._current
         first = chunk.first_row_at_or_after(now)
-        return Slice(chunk, first, chunk.start + first * chunk.dt, chunk.rows[first:])
+        valid_until = chunk.observation_stamp + self.config.max_chunk_age_s
+        return Slice(chunk, first, chunk.start + first * chunk.dt, chunk.rows[first:], valid_until)
 
     def empty_reason(self, now: float) -> str:
         """Why `slice(now)` is None: "no_chunk", "stale", "exhausted"; "" when it is not."""
@@ -257,15 +310,15 @@ class ActionStream:
         rows[:] = clamped
         return changed
 
-    def _clamp_velocities(
-        self, rows: np.ndarray, start: float, first: int, old: TimedChunk | None
-    ) -> bool:
+    def _clamp_velocities(self, rows: np.ndarray, first: int, before: np.ndarray | None) -> bool:
+        """Limits row-to-row steps from `first` on; `before` stands for the row before it
+        (None: the first row is not limited)."""
         cfg = self.config
         if not cfg.max_velocity or first >= len(rows):
             return False
         step = np.asarray(cfg.max_velocity) * cfg.dt
         changed = False
-        prev = old.sample(start + (first - 1) * cfg.dt) if old is not None else None
+        prev = before
         for k in range(first, len(rows)):
             if prev is not None:
                 limited = np.clip(rows[k], prev - step, prev + step)
@@ -274,34 +327,3 @@ class ActionStream:
                     rows[k] = limited
             prev = rows[k]
         return changed
-
-
-def hold_chunk(
-    positions: np.ndarray,
-    now: float,
-    dt: float,
-    horizon: int,
-    chunk_id: int,
-    lower: tuple[float, ...] = (),
-    upper: tuple[float, ...] = (),
-) -> TimedChunk:
-    """A chunk that holds `positions` from `now` on (the watchdog's `hold` policy).
-
-    Args:
-        positions: float [J], the last joint state in the configured order.
-        now: Time of row 0.
-        dt: Row spacing.
-        horizon: Rows.
-        chunk_id: Identifier to publish it under.
-        lower: Per-joint position lower limits (`StreamConfig.position_lower`), or ().
-        upper: Per-joint position upper limits, or (). A joint measured outside its limits is
-            held at the nearest limit: nothing published ever leaves the configured range.
-    """
-    held = np.clip(
-        np.asarray(positions, dtype=np.float64),
-        np.asarray(lower) if lower else -np.inf,
-        np.asarray(upper) if upper else np.inf,
-    )
-    rows = np.tile(held.astype(np.float32), (max(horizon, 1), 1))
-    rows.flags.writeable = False
-    return TimedChunk(chunk_id, now, dt, rows, now, 0.0)

@@ -238,6 +238,8 @@ def action_chunk_msg(
     msg.actions = array.array("f", np.ascontiguousarray(piece.rows, dtype=np.float32).tobytes())
     msg.observation_stamp = seconds_to_time(piece.chunk.observation_stamp)
     msg.inference_latency = float(piece.chunk.latency_s)
+    if math.isfinite(piece.valid_until):
+        msg.valid_until = seconds_to_time(piece.valid_until)
     msg.trigger = trigger
     return msg
 

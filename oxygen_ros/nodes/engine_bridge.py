@@ -43,8 +43,9 @@ def build_engine_config(values: Mapping[str, Any], num_joints: int) -> EngineCon
     `checkpoint_dir` and `tokenizer_path` may be `package://` URIs (oxygen_ros.resources).
 
     Raises:
-        ValueError: An unknown preset, more joints than the model's action dimension, or a
-            cache too small for the token budgets (the engine's own checks).
+        ValueError: An unknown preset, more joints than the model's action dimension, a cache
+            too small for the token budgets (the engine's own checks), or delta action joints
+            that are not joints (or none, with `action_space: delta`).
     """
     model = get_model_config(values["model_preset"])
     if num_joints > model.action_dim:
@@ -83,6 +84,7 @@ def build_engine_config(values: Mapping[str, Any], num_joints: int) -> EngineCon
         assets_id=values["assets_id"] or None,
         tokenizer_path=resolve_path(values["tokenizer_path"]) or None,
         action_output_dim=num_joints,
+        delta_action_mask=delta_action_mask(values),
         rtc=RtcConfig(
             enabled=values["chunk_transition"] == "rtc",
             row_dt_s=values["action_dt_s"],
@@ -90,6 +92,26 @@ def build_engine_config(values: Mapping[str, Any], num_joints: int) -> EngineCon
         ),
         seed=values["seed"],
     )
+
+
+def delta_action_mask(values: Mapping[str, Any]) -> tuple[bool, ...] | None:
+    """`action_space` -> the engine's mask over the action columns (the joints in order):
+    None = the checkpoint's own (`action_space.json`), () = absolute, else True on each of
+    `delta_action_joints` (openpi's DeltaActions mask)."""
+    space = values["action_space"]
+    if space == "checkpoint":
+        return None
+    if space == "absolute":
+        return ()
+    names = list(values["joint_names"])
+    delta = list(values["delta_action_joints"])
+    unknown = [j for j in delta if j not in names]
+    if unknown or not delta:
+        raise ValueError(
+            f"action_space delta needs delta_action_joints from joint_names; got {delta}"
+            + (f" ({unknown} are not joints)" if unknown else "")
+        )
+    return tuple(name in delta for name in names)
 
 
 @dataclasses.dataclass(frozen=True)

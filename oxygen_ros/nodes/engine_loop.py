@@ -387,7 +387,10 @@ class EngineLoop:
             self._logger.debug(traceback.format_exc())
             return
         self.state = "ready"
-        self._logger.info("engine ready")
+        mask = tuple(getattr(engine, "delta_action_mask", ()) or ())
+        delta = [n for n, on in zip(self._format.state_names, mask, strict=False) if on]
+        space = f"deltas on {delta} (added to the joint state)" if delta else "absolute"
+        self._logger.info(f"engine ready; model actions: {space}; published: joint targets")
         while not self._stop.is_set():
             pickup = self._inbox.take(
                 self._queue.has_queued, self._stop, ENGINE_WAIT_S, self.pickup_policy()

@@ -147,6 +147,8 @@ class InferenceNode(Node):
                 node_name=f"{self.get_name()}_actions",
                 namespace=self.get_namespace(),
                 actions_topic=self.resolve_topic_name(p["actions_topic"]),
+                estop_topic=self.resolve_topic_name(p["emergency_stop_topic"]),
+                estop_service=self.resolve_service_name(p["emergency_stop_service"]),
                 trajectory_groups=trajectory_groups if p["publish_joint_trajectory"] else (),
                 frame_id=p["frame_id"],
                 joint_names=self._joint_names,
@@ -497,6 +499,8 @@ class InferenceNode(Node):
             level, message = "ERROR", "action process not answering"
         elif actions.get("action_process") == "starting":
             level, message = "WARN", "action process starting"
+        elif actions.get("estop") == "engaged":
+            level, message = "ERROR", "emergency stop engaged: holding, no actions"
         elif actions["watchdog"] == "tripped":
             level, message = "ERROR", f"watchdog tripped ({self.params['watchdog_policy']})"
         elif state == "loading":

@@ -460,6 +460,22 @@ INFERENCE: tuple[ParamSpec, ...] = (
     ParamSpec("assets_id", "", "assets/<id>/norm_stats.json ('' = no normalisation)", "str"),
     ParamSpec("tokenizer_path", "", "SentencePiece model ('' = engine default)", "str"),
     ParamSpec(
+        "action_space",
+        "checkpoint",
+        "what the model's actions are: checkpoint (its assets/<id>/action_space.json; absolute "
+        "without one), absolute (joint targets), delta (delta_action_joints relative to the "
+        "observation's joint state, openpi's DeltaActions/AbsoluteActions)",
+        "str",
+        check=one_of("checkpoint", "absolute", "delta"),
+    ),
+    ParamSpec(
+        "delta_action_joints",
+        [],
+        "action_space delta: the joints whose actions are relative to the state",
+        "str_list",
+        check=unique_names_or_none,
+    ),
+    ParamSpec(
         "seed", 0, "parameter init and action noise seed", "int", check=int_range(0, 2**31 - 1)
     ),
     ParamSpec(
@@ -745,6 +761,20 @@ INFERENCE: tuple[ParamSpec, ...] = (
         "instruction_topic",
         "oxygen/instruction",
         "std_msgs/String instruction topic",
+        "str",
+        check=topic_name,
+    ),
+    ParamSpec(
+        "emergency_stop_topic",
+        "oxygen/emergency_stop",
+        "std_msgs/Bool input: true stops motion at once (a hold, then nothing), false releases",
+        "str",
+        check=topic_name,
+    ),
+    ParamSpec(
+        "emergency_stop_service",
+        "oxygen/set_emergency_stop",
+        "std_srvs/SetBool service: the same as the topic, with an answer",
         "str",
         check=topic_name,
     ),

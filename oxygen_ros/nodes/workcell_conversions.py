@@ -64,7 +64,8 @@ def start_time(stamp_s: float, now: float) -> float:
 
 
 def chunk_targets(msg: ActionChunk, index: Mapping[str, int], now: float) -> TimedTargets:
-    """`ActionChunk` -> `TimedTargets`: row k at `header.stamp + k * dt`, columns by name.
+    """`ActionChunk` -> `TimedTargets`: row k at `header.stamp + k * dt`, columns by name;
+    nothing runs after its `valid_until` (the sender's expiry; zero: none).
 
     Args:
         msg: The chunk.
@@ -87,7 +88,8 @@ def chunk_targets(msg: ActionChunk, index: Mapping[str, int], now: float) -> Tim
         raise RejectedCommandError("non_finite", f"dt is {msg.dt}")
     rows = values.reshape(msg.horizon, len(names))
     start = start_time(time_to_seconds(msg.header.stamp), now)
-    return from_chunk(start, float(msg.dt), rows, indices, math.inf, int(msg.sequence))
+    valid_until = time_to_seconds(msg.valid_until) or math.inf  # zero: no bound
+    return from_chunk(start, float(msg.dt), rows, indices, valid_until, int(msg.sequence))
 
 
 def trajectory_targets(

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from harness import wait_for
+from harness import call_service, wait_for
 from integration.action_parent import config, rows
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.msg import ActionChunk
 from oxygen_ros.nodes.action_process import ActionProcess
-from oxygen_ros.nodes.action_stream import StreamConfig
+from oxygen_ros.nodes.action_stream import HOLD_CHUNK_ID, StreamConfig
 from oxygen_ros.nodes.conversions import trajectory_points
 from oxygen_ros.nodes.runtime import RELIABLE_QOS
 from oxygen_ros.nodes.trajectory_groups import parse_groups, trajectory_problems
@@ -128,6 +128,59 @@ def test_one_joint_trajectory_per_group_each_valid_for_its_controller(ros_node) 
                 # The group's columns of the chunk's rows not yet passed (its last rows).
                 positions = [list(p.positions) for p in msg.points]
                 np.testing.assert_array_equal(positions, chunk[-len(positions) :, g.columns])
+    finally:
+        code = process.stop(timeout_s=10.0)
+    assert code == 0
+
+
+def test_emergency_stop_over_dds_holds_at_once_then_silence_until_released(ros_node) -> None:
+    """A volatile Bool publisher engages it (one hold of the measured pose, then no message,
+    while a model tick had been flowing: the positive control); SetBool(false) releases it:
+    ticks hold until the next chunk, which is published at once."""
+    from std_msgs.msg import Bool
+    from std_srvs.srv import SetBool
+
+    process = ActionProcess.start(
+        config(
+            "/t_actions_e",
+            stream=StreamConfig(dt=0.5, num_joints=2, blend_mode="replace", max_chunk_age_s=60.0),
+            estop_topic="/t_estop",
+            estop_service="/t_set_estop",
+        ),
+        on_reject=lambda reason, message: None,
+        on_watchdog=lambda transition: None,
+    )
+    received = ros_node.collect(ActionChunk, "/t_actions_e", RELIABLE_QOS)
+    estop = ros_node.node.create_publisher(Bool, "/t_estop", 10)
+    client = ros_node.node.create_client(SetBool, "/t_set_estop")
+    try:
+        assert process.link.ready.wait(START_TIMEOUT_S), "the action process never started"
+        ros_node.wait_for_publishers("/t_actions_e")
+        ros_node.wait_for_subscribers(estop)
+        process.link.set_hold_positions(np.array([0.3, -0.1]))
+        process.link.hand_off(rows(0.0), time.time() - 0.05, 0.05)
+        wait_for(lambda: len(received) >= 10, 10, "model ticks")
+        estop.publish(Bool(data=True))
+        hold = HOLD_CHUNK_ID
+        wait_for(lambda: any(m.chunk_id == hold for m in received), 5, "the e-stop hold")
+        first_hold = next(i for i, m in enumerate(received) if m.chunk_id == hold)
+        np.testing.assert_allclose(np.asarray(received[first_hold].actions)[:2], [0.3, -0.1])
+        process.link.hand_off(rows(0.2), time.time() - 0.05, 0.05)  # dropped while engaged
+        quiet_from = time.monotonic()
+        wait_for(lambda: time.monotonic() - quiet_from > 0.5, 2, "half a second")
+        assert len(received) == first_hold + 1, [m.chunk_id for m in received[first_hold:]]
+        assert call_service(client, SetBool.Request(data=False)).success
+        process.link.hand_off(rows(0.25), time.time() - 0.05, 0.05)
+        # Released: ticks carry the hold again until the new chunk takes over.
+        wait_for(
+            lambda: any(m.chunk_id != hold for m in received[first_hold:]),
+            5,
+            "a chunk after the release",
+        )
+        after = next(m for m in received[first_hold:] if m.chunk_id != hold)
+        assert after.trigger == ActionChunk.TRIGGER_NEW_CHUNK and after.chunk_id == 1
+        values = process.link.diagnostics()
+        assert values["estop"] == "released" and values["new_chunk_unpublished.estop"] == 1
     finally:
         code = process.stop(timeout_s=10.0)
     assert code == 0

@@ -975,10 +975,25 @@ def _trip_and_recover(rig: Rig, policy: str) -> tuple[float, float, list[ActionR
     return tripped_at - off, recovered - on, during
 
 
-def test_watchdog_stop_policy_silences_actions_and_recovers(rig: Rig) -> None:
+def test_watchdog_stop_policy_holds_once_then_silences_actions_and_recovers(rig: Rig) -> None:
+    """At the trip one explicit hold of the measured joint state (clamped) supersedes the
+    model rows a consumer may have buffered; then nothing until recovery. The first model
+    chunk after the gap starts from that pose (velocity limits), not from the model's rows."""
     rig.set_param("watchdog_policy", "stop")
+    off_wall = time.time()
     trip_s, recover_s, during = trip_and_recover(rig, "stop")
     assert during == [], f"{len(during)} action messages while the watchdog was tripped"
+    after_off = rig.actions_sent_after(off_wall)
+    held = np.clip(np.asarray(GOOD_POSITIONS, np.float32), -LIMIT, LIMIT)
+    holds = [i for i, a in enumerate(after_off) if a.chunk_id == HOLD_CHUNK_ID]
+    assert holds, "no explicit hold at the trip"
+    for i in holds:
+        assert after_off[i].constant
+        np.testing.assert_allclose(after_off[i].first_row, held, atol=1e-6)
+    resumed = [a for a in after_off[holds[-1] + 1 :] if a.chunk_id != HOLD_CHUNK_ID]
+    assert resumed, "no model chunk after the hold"
+    step = MAX_VELOCITY * ACTION_DT
+    assert np.all(np.abs(resumed[0].first_row - held) <= step + 1e-5), resumed[0].first_row
     figure(
         "3a watchdog stop",
         f"tripped {trip_s:.2f} s after the sensors stopped, 0 actions "

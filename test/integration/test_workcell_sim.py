@@ -293,14 +293,21 @@ def test_rows_run_at_their_stamps_then_hold(sim) -> None:
     )
 
 
-def test_expired_command_holds_its_value_at_the_deadline(sim) -> None:
+@pytest.mark.parametrize("valid_for_s", [None, 0.6])
+def test_expired_command_holds_its_value_at_the_deadline(sim, valid_for_s) -> None:
+    """The deadline is the simulator's own age limit or, when the chunk's `valid_until` (the
+    sender's expiry) comes first, that."""
     _launcher, probe, _simulator, _perception = sim
     reply = probe.reset(seed=4)
     start = round(probe.now() + 0.2, 2)
     dt, horizon = 0.05, 60  # 3 s of rows, longer than chunk_max_age_s
     rows = HOME["right_waist"] + 0.2 * np.arange(horizon, dtype=np.float32)[:, None] * dt
-    probe.chunk_pub.publish(chunk(["right_waist"], rows, start, dt))
+    msg = chunk(["right_waist"], rows, start, dt)
     deadline = start + MAX_AGE_S
+    if valid_for_s is not None:
+        deadline = start + valid_for_s
+        msg.valid_until = seconds_to_time(deadline)
+    probe.chunk_pub.publish(msg)
     probe.wait_for_commands_after(deadline + 0.5)
     times = start + dt * np.arange(horizon)
     for stamp, command in probe.commands_between(start, deadline):

@@ -316,6 +316,95 @@ def test_watchdog_hold_publishes_last_joint_state_clamped() -> None:
     assert stamp == pytest.approx(clock.node())
 
 
+def test_watchdog_stop_sends_one_explicit_hold_at_the_trip_then_nothing() -> None:
+    """`stop` with a measured pose: the trip's tick carries a hold of it (superseding the
+    model rows a consumer may have buffered), later ticks nothing."""
+    pub, clock, rec, _, _ = make(policy="stop")
+    pub.set_hold_positions(np.array([0.9, -0.2]))
+    hand_off(pub, clock, latency=0.0)
+    pub.service()
+    clock.t = 0.875
+    pub.service()  # fed 0.875 s ago: a model tick (positive control)
+    assert [m[2] for m in rec.messages] == [0, 0]
+    for t in (1.125, 1.25, 1.375):
+        clock.t = t
+        pub.service()
+    _, trigger, chunk_id, stamp, first = rec.messages[-1]
+    assert len(rec.messages) == 3 and (trigger, chunk_id) == (TRIGGER_TICK, HOLD_CHUNK_ID)
+    assert first == pytest.approx((0.5, -0.2)) and stamp == pytest.approx(EPOCH + 1.125)
+    values = pub.diagnostics()
+    assert values["watchdog_holds"] == 1 and values["action_ticks_empty.watchdog"] == 2
+
+
+def test_watchdog_hold_renews_the_hold_when_it_expires() -> None:
+    pub, clock, rec, _, _ = make(policy="hold")
+    pub.set_hold_positions(np.array([0.1, -0.2]))
+    hand_off(pub, clock, latency=0.0)
+    pub.service()
+    clock.t = 1.125
+    while clock.t < 12.0:  # the hold's own age limit (max_chunk_age_s 5) passes twice
+        pub.service()
+        clock.t += PERIOD
+    holds = [m for m in rec.messages if m[2] == HOLD_CHUNK_ID]
+    assert len(holds) == len(rec.messages) - 1  # every tick after the trip sent the hold
+    assert all(m[4] == pytest.approx((0.1, -0.2)) for m in holds)
+    assert pub.diagnostics()["watchdog_holds"] >= 3  # the trip's, then renewed
+
+
+def test_new_chunk_after_a_gap_starts_from_the_measured_pose() -> None:
+    """No live chunk: velocity limits start from the frame's measured joint state."""
+    config = StreamConfig(dt=DT, num_joints=2, blend_mode="replace", max_velocity=(0.8, 0.8))
+    pub, clock, rec, _, _ = make()
+    pub.reconfigure(config)
+    pub.set_hold_positions(np.array([-0.3, 0.2]))
+    hand_off(pub, clock, value=0.4, latency=0.0)
+    pub.service()
+    first = np.array(rec.messages[0][4])
+    np.testing.assert_allclose(first, [-0.3 + 0.1, 0.2 + 0.1], atol=1e-6)  # 0.8 * 0.125
+
+
+def test_estop_holds_at_once_drops_chunks_and_releases_from_the_hold() -> None:
+    config = StreamConfig(
+        dt=DT,
+        num_joints=2,
+        blend_mode="replace",
+        max_velocity=(0.8, 0.8),
+        position_lower=(-0.5, -0.5),
+        position_upper=(0.5, 0.5),
+    )
+    pub, clock, rec, _, _ = make()
+    pub.reconfigure(config)
+    pub.set_hold_positions(np.array([0.9, -0.2]))
+    hand_off(pub, clock, value=0.1, latency=0.0)
+    pub.service()
+    clock.t = PERIOD
+    pub.service()  # a model tick: the positive control for "nothing" below
+    assert [m[2] for m in rec.messages] == [0, 0]
+    pub.set_estop(True)
+    pub.service()  # at once, not at the next tick
+    _, trigger, chunk_id, stamp, first = rec.messages[-1]
+    assert (trigger, chunk_id) == (TRIGGER_TICK, HOLD_CHUNK_ID)
+    assert first == pytest.approx((0.5, -0.2)) and stamp == pytest.approx(clock.node())
+    count = len(rec.messages)
+    hand_off(pub, clock, value=0.3, latency=0.0)  # fresh, but engaged: dropped
+    for _ in range(4):
+        clock.t += PERIOD
+        pub.service()
+    assert len(rec.messages) == count
+    values = pub.diagnostics()
+    assert values["estop"] == "engaged" and values["estop_engagements"] == 1
+    assert values["action_ticks_empty.estop"] == 4
+    assert values["new_chunk_unpublished.estop"] == 1
+    pub.set_estop(True)  # engaged again: nothing new
+    pub.set_estop(False)
+    hand_off(pub, clock, value=-0.4, latency=0.0)
+    pub.service()
+    _, trigger, chunk_id, _, first = rec.messages[-1]
+    assert trigger == TRIGGER_NEW_CHUNK and chunk_id == 1  # the dropped chunk never counted
+    np.testing.assert_allclose(first, [0.5 - 0.1, -0.3], atol=1e-6)  # from the hold, 0.8 * dt
+    assert pub.diagnostics()["estop"] == "released"
+
+
 def test_trigger_constants_match_the_message() -> None:
     assert (ActionChunk.TRIGGER_TICK, ActionChunk.TRIGGER_NEW_CHUNK) == (
         TRIGGER_TICK,

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from oxygen_ros.nodes.action_stream import (
+    HOLD_CHUNK_ID,
     ActionStream,
     RejectedChunkError,
     StreamConfig,
     TimedChunk,
-    hold_chunk,
 )
 
 DT = 0.1
@@ -167,25 +167,48 @@ def test_sample_interpolates_and_holds_ends() -> None:
     assert c.end == 2.0
 
 
-def test_hold_chunk_repeats_positions() -> None:
-    c = hold_chunk(np.array([0.5, -0.5]), now=3.0, dt=DT, horizon=4, chunk_id=7)
-    assert c.rows.shape == (4, 2) and np.all(c.rows == [0.5, -0.5])
-    assert c.start == 3.0 and c.chunk_id == 7
+def test_first_chunk_velocity_limited_from_the_measured_joint_state() -> None:
+    """No live previous chunk (the first, or the first after a gap): the first published row
+    moves at most max_velocity * dt from the measured pose. Control: without the measured pose
+    the same chunk starts wherever the model put it."""
+    s = stream(max_velocity=(1.0, 1.0))
+    measured = np.array([0.0, 5.0])
+    chunk = s.offer(ramp(offset=3.0), 10.0, 0.0, now=10.0, measured=measured)
+    steps = np.diff(np.vstack([measured, chunk.rows]), axis=0)
+    assert np.all(np.abs(steps) <= 1.0 * DT + 1e-6)
+    np.testing.assert_allclose(chunk.rows[0], [0.1, 4.9], atol=1e-6)
+    assert s.counters.chunks_velocity_clamped == 1
+    later = s.offer(ramp(offset=3.0), 20.0, 0.0, now=20.0)  # the first expired: a gap
+    np.testing.assert_array_equal(later.rows[0], [3.0, 3.0])  # control: no measured pose
 
 
-def test_hold_chunk_clamped_to_position_limits() -> None:
-    c = hold_chunk(
-        np.array([2.0, -2.0, 0.1]),
-        now=0.0,
-        dt=DT,
-        horizon=3,
-        chunk_id=1,
-        lower=(-1.0, -1.0, -1.0),
-        upper=(1.0, 1.0, 1.0),
-    )
-    assert np.all(c.rows == np.array([1.0, -1.0, 0.1], dtype=np.float32))
-    c = hold_chunk(np.array([2.0]), now=0.0, dt=DT, horizon=1, chunk_id=1, upper=(1.5,))
-    assert c.rows[0, 0] == 1.5
+def test_measured_pose_ignored_while_a_previous_chunk_is_live() -> None:
+    s = stream(max_velocity=(1.0, 1.0))
+    s.offer(np.zeros((10, 2), np.float32), 10.0, 0.0, now=10.0)
+    chunk = s.offer(np.ones((10, 2), np.float32), 10.2, 0.0, now=10.2, measured=np.full(2, 9.0))
+    # Limited from the live chunk's row before (0.0), not from the measured 9.0.
+    np.testing.assert_allclose(chunk.rows[0], [0.1, 0.1], atol=1e-6)
+
+
+def test_hold_is_a_clamped_chunk_of_the_measured_pose_and_the_next_chunk_starts_from_it() -> None:
+    s = stream(position_lower=(-1.0, -1.0), position_upper=(1.0, 1.0), max_velocity=(1.0, 1.0))
+    hold = s.offer_hold(np.array([2.0, 0.25]), now=3.0, horizon=4)
+    assert hold.chunk_id == HOLD_CHUNK_ID and s.current is hold
+    assert hold.rows.shape == (4, 2) and np.all(hold.rows == np.array([1.0, 0.25], np.float32))
+    assert hold.start == 3.0 and hold.observation_stamp == 3.0
+    assert s.counters.chunks_position_clamped == 1 and s.counters.chunks_accepted == 0
+    piece = s.slice(3.05)
+    assert piece.valid_until == pytest.approx(3.0 + 2.0)  # its stamp + max_chunk_age_s
+    nxt = s.offer(np.full((10, 2), -1.0, np.float32), 3.1, 0.0, now=3.1)
+    np.testing.assert_allclose(nxt.rows[0], [0.9, 0.15], atol=1e-6)  # from the hold
+    assert nxt.chunk_id == 0  # model chunks keep their own numbering
+
+
+def test_slice_valid_until_is_the_chunk_age_limit() -> None:
+    s = stream(max_chunk_age_s=0.5)
+    s.offer(ramp(), 10.0, 0.1, now=10.1)
+    assert s.slice(10.2).valid_until == pytest.approx(10.5)
+    assert s.slice(10.51) is None  # the stream's own rule at the same time
 
 
 @pytest.mark.parametrize(

@@ -126,8 +126,11 @@ def test_missing_slot_masked() -> None:
 def test_action_chunk_and_trajectory() -> None:
     rows = np.arange(12, dtype=np.float32).reshape(4, 3)
     chunk = TimedChunk(5, 10.0, 0.1, rows, 9.8, 0.3)
-    piece = Slice(chunk, 1, 10.1, rows[1:])
+    piece = Slice(chunk, 1, 10.1, rows[1:], valid_until=11.8)
     msg = action_chunk_msg(piece, 42, JOINTS, "base_link")
+    assert time_to_seconds(msg.valid_until) == pytest.approx(11.8)
+    unbounded = action_chunk_msg(Slice(chunk, 1, 10.1, rows[1:]), 1, JOINTS, "base_link")
+    assert time_to_seconds(unbounded.valid_until) == 0.0  # zero: no bound
     assert (msg.sequence, msg.chunk_id, msg.horizon) == (42, 5, 3)
     assert msg.trigger == ActionChunk.TRIGGER_TICK
     new = action_chunk_msg(piece, 43, JOINTS, "base_link", ActionChunk.TRIGGER_NEW_CHUNK)

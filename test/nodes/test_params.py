@@ -341,3 +341,66 @@ def test_out_of_range_start_value_fails_with_our_reason_not_an_rclpy_exception()
     finally:
         node.destroy_node()
         rclpy.shutdown(context=context)
+
+
+@pytest.mark.parametrize("profile", ["humanoid", "workcell"])
+def test_every_profile_ships_motion_limits_for_every_joint(profile: str) -> None:
+    values = yaml_values("inference", profile)
+    n = len(values["joint_names"])
+    lower, upper = values["joint_position_lower"], values["joint_position_upper"]
+    velocity = values["joint_max_velocity"]
+    assert len(lower) == len(upper) == len(velocity) == n
+    assert all(lo < hi for lo, hi in zip(lower, upper, strict=True))
+    assert all(v > 0 for v in velocity)
+
+
+def _inference_values(**overrides) -> dict:
+    values = {}
+    for name, spec in declared("inference", yaml_values("inference")).items():
+        raw = yaml_values("inference")[name]
+        values[name], _ = P.validate(spec, None if raw == [] else raw)
+    return {**values, **overrides}
+
+
+def test_action_space_parameter_becomes_the_engines_delta_mask() -> None:
+    from oxygen_ros.nodes.engine_bridge import delta_action_mask
+
+    values = _inference_values()
+    joints = values["joint_names"]
+    assert values["action_space"] == "checkpoint" and delta_action_mask(values) is None
+    assert delta_action_mask({**values, "action_space": "absolute"}) == ()
+    arms = [j for j in joints if j.startswith("left_") and j != "left_gripper"]
+    mask = delta_action_mask({**values, "action_space": "delta", "delta_action_joints": arms})
+    assert mask == tuple(j in arms for j in joints) and sum(mask) == 7
+    cfg = build_engine_config(
+        {**values, "action_space": "delta", "delta_action_joints": arms}, len(joints)
+    )
+    assert cfg.delta_action_mask == mask
+    for bad in ([], ["left_elbow", "tail"]):
+        with pytest.raises(ValueError, match="delta_action_joints"):
+            delta_action_mask({**values, "action_space": "delta", "delta_action_joints": bad})
+
+
+def test_delta_actions_round_trip_through_openpi_transforms_with_the_node_mask() -> None:
+    """Absolute targets -> openpi's DeltaActions (what training on delta actions sees) -> the
+    engine's AbsoluteActions with the mask the node builds -> the same targets; the joints
+    outside the mask are never touched."""
+    from openpi import transforms
+
+    from oxygen_ros.engine.checkpoint import Normalizer
+    from oxygen_ros.nodes.engine_bridge import delta_action_mask
+
+    values = _inference_values()
+    joints = values["joint_names"]
+    arms = [j for j in joints if "shoulder" in j or "elbow" in j]
+    mask = delta_action_mask({**values, "action_space": "delta", "delta_action_joints": arms})
+    rng = np.random.default_rng(0)
+    state = rng.normal(size=len(joints)).astype(np.float32)
+    absolute = rng.normal(size=(10, len(joints))).astype(np.float32)
+    data = {"state": state, "actions": absolute.copy()}
+    delta = transforms.DeltaActions(mask)(data)["actions"]
+    inside, outside = np.array(mask), ~np.array(mask)
+    np.testing.assert_allclose(delta[:, inside], absolute[:, inside] - state[inside], atol=1e-6)
+    np.testing.assert_array_equal(delta[:, outside], absolute[:, outside])
+    back = Normalizer.absolute_actions(delta, state, mask)
+    np.testing.assert_allclose(back, absolute, atol=1e-6)

@@ -47,6 +47,12 @@ def test_chunk_columns_map_to_joints_by_name_in_any_order() -> None:
     assert math.isinf(targets.valid_until)
 
 
+def test_chunk_expiry_becomes_the_commands_valid_until() -> None:
+    msg = chunk(["left_waist"], [[0.1], [0.2]])
+    msg.valid_until = Time(sec=13, nanosec=500_000_000)
+    assert chunk_targets(msg, INDEX, now=0.0).valid_until == 13.5
+
+
 def test_chunk_with_zero_stamp_starts_now() -> None:
     targets = chunk_targets(chunk(["left_waist"], [[0.1]], stamp=ZERO), INDEX, now=4.25)
     assert targets.times[0] == 4.25
