@@ -149,15 +149,7 @@ class Bench:
         self.procs: list[tuple[str, subprocess.Popen, Path]] = []
         for node in nodes:
             log = workdir / f"{node.spec.name}.log"
-            cmd = [
-                sys.executable,
-                "-P",
-                "-m",
-                node.spec.module,
-                "--ros-args",
-                *node.ros_arguments(workdir),
-                *extra.get(node.spec.name, []),
-            ]
+            cmd = [*node.command(workdir), *extra.get(node.spec.name, [])]
             with log.open("wb") as handle:
                 self.procs.append(
                     (

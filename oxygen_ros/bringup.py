@@ -89,15 +89,7 @@ def start_children(nodes: Sequence[graph.ResolvedNode], log_dir: Path) -> list[C
     children = []
     for node in nodes:
         log_path = log_dir / f"{node.spec.name}.log"
-        # -P: never import the source tree's oxygen_ros (no generated msg/) from the cwd.
-        cmd = [
-            sys.executable,
-            "-P",
-            "-m",
-            node.spec.module,
-            "--ros-args",
-            *node.ros_arguments(log_dir),
-        ]
+        cmd = node.command(log_dir)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         # Compiled XLA programs are reused across runs (the engine starts in seconds, not tens).
         env.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(JAX_CACHE_DIR).expanduser()))

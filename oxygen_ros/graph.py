@@ -134,6 +134,14 @@ class ResolvedNode:
     def fully_qualified_name(self) -> str:
         return f"{self.namespace}/{self.spec.name}"
 
+    def command(self, overrides_dir: Path | None = None) -> list[str]:
+        """The node's process command line (`python -P -m <module> --ros-args ...`); -P: never
+        import the source tree's oxygen_ros (no generated msg/) from the working directory."""
+        import sys
+
+        head = [sys.executable, "-P", "-m", self.spec.module, "--ros-args"]
+        return [*head, *self.ros_arguments(overrides_dir)]
+
     def ros_arguments(self, overrides_dir: Path | None = None) -> list[str]:
         """Command-line `--ros-args` for the bring-up (what `launch_ros.actions.Node` builds).
 
