@@ -400,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return response
 
         node.create_service(SetBool, config.estop_service, on_estop, qos_profile=SERVICE_QOS)
-    executor = None
+    executor = spinner = None
     if config.use_sim_time or config.estop_topic or config.estop_service:
         # /clock callbacks update the node's clock; e-stop callbacks.
         executor = SingleThreadedExecutor(context=context)
@@ -410,15 +410,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             with contextlib.suppress(ExternalShutdownException):
                 executor.spin()
 
-        threading.Thread(target=spin, name="clock", daemon=True).start()
+        spinner = threading.Thread(target=spin, name="spin", daemon=True)
+        spinner.start()
     send(("ready", refusal))
     try:
         publisher.run()
     finally:
+        # The context first: it wakes the spin thread's wait, which then returns; only after
+        # that thread has left the wait set may the node go (destroying it under a waiting
+        # executor aborts the process).
+        rclpy.try_shutdown(context=context)
         if executor is not None:
             executor.shutdown(timeout_sec=1.0)
+        if spinner is not None:
+            spinner.join(timeout=2.0)
         node.destroy_node()
-        rclpy.try_shutdown(context=context)
         conn.close()
     return 0
 

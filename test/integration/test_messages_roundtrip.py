@@ -48,6 +48,7 @@ def make_messages() -> dict:
     chunk.actions = np.arange(12, dtype=np.float32).tolist()
     chunk.observation_stamp = Time(sec=12, nanosec=345)
     chunk.inference_latency = 0.0875
+    chunk.valid_until = Time(sec=14, nanosec=345)
     chunk.trigger = ActionChunk.TRIGGER_NEW_CHUNK
 
     tok = SpeechToken()
