@@ -17,9 +17,12 @@ Invariant: every launch argument has a string default; an empty `model_preset`,
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
 
 from oxygen_ros.resources import resolve_path
 
@@ -137,8 +140,6 @@ class ResolvedNode:
     def command(self, overrides_dir: Path | None = None) -> list[str]:
         """The node's process command line (`python -P -m <module> --ros-args ...`); -P: never
         import the source tree's oxygen_ros (no generated msg/) from the working directory."""
-        import sys
-
         head = [sys.executable, "-P", "-m", self.spec.module, "--ros-args"]
         return [*head, *self.ros_arguments(overrides_dir)]
 
@@ -163,8 +164,6 @@ class ResolvedNode:
         if self.overrides:
             if overrides_dir is None:
                 raise ValueError(f"{self.spec.name} has overrides: give overrides_dir")
-            import yaml
-
             path = Path(overrides_dir) / f"{self.spec.name}_overrides.yaml"
             # A string value reads as `-p name:=value` would: as a YAML scalar ("1.0" a float).
             values = {

@@ -318,7 +318,6 @@ class ActionMessages:
 def main(argv: Sequence[str] | None = None) -> int:
     """The child: `python -m oxygen_ros.nodes.action_process <fd of its socket end>`."""
     import rclpy
-    from rclpy.event_handler import SubscriptionEventCallbacks
     from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
     from rclpy.parameter import Parameter
     from rclpy.signals import SignalHandlerOptions
@@ -327,7 +326,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from trajectory_msgs.msg import JointTrajectory
 
     from oxygen_ros.msg import ActionChunk
-    from oxygen_ros.nodes.runtime import LATCHED_QOS, RELIABLE_QOS, SERVICE_QOS, now_s
+    from oxygen_ros.nodes.runtime import (
+        RELIABLE_QOS,
+        SERVICE_QOS,
+        now_s,
+        subscribe_latched_and_volatile,
+    )
 
     argv = sys.argv if argv is None else argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops this process (docstring)
@@ -381,16 +385,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         target=serve, args=(conn, publisher, params, send), name="reader", daemon=True
     ).start()
     # Emergency stop here, not in the parent: its path never waits behind the engine's process.
-    # Latched publishers (an e-stop engaged before this started) and volatile ones both match.
+    # Latched publishers (an e-stop engaged before this started) and volatile ones both match;
+    # `set_estop` is idempotent, so a latched message arriving twice is harmless.
     if config.estop_topic:
-        for qos in (LATCHED_QOS, RELIABLE_QOS):
-            node.create_subscription(
-                Bool,
-                config.estop_topic,
-                lambda msg: publisher.set_estop(msg.data),
-                qos,
-                event_callbacks=SubscriptionEventCallbacks(incompatible_qos=lambda _e: None),
-            )
+        subscribe_latched_and_volatile(
+            node, Bool, config.estop_topic, lambda msg: publisher.set_estop(msg.data)
+        )
     if config.estop_service:
 
         def on_estop(request, response):

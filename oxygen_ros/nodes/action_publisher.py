@@ -237,11 +237,6 @@ class ActionPublisher:
             self._estop = bool(engaged)
             self._cond.notify_all()
 
-    @property
-    def estop_engaged(self) -> bool:
-        with self._cond:
-            return self._estop
-
     def reconfigure(self, stream_config: StreamConfig) -> None:
         """New blending/age settings (`ActionStream.reconfigure`)."""
         with self._cond:

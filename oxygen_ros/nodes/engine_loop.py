@@ -490,10 +490,10 @@ class EngineLoop:
         timings = result.timings
         t = self._monotonic()
         self._action_path.add(timings.action_s, t)
-        self._prefill_denoise.add(timings.prefill_s + timings.denoise_s, t)
+        model_s = timings.prefill_s + timings.denoise_s
+        self._prefill_denoise.add(model_s, t)
         if result.actions is not None:
             self._handoff_latency.add(result.actions.latency_s, t)
-            model_s = timings.prefill_s + timings.denoise_s
             self._overhead.add(result.actions.latency_s - model_s, t)
         self._frame_time_s = self._clock() - started
         self.counters["frames_run"] += 1

@@ -40,7 +40,6 @@ from collections.abc import Sequence
 
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
-from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
 from std_msgs.msg import String
 
@@ -65,7 +64,6 @@ from oxygen_ros.nodes.request_book import Finished, RequestBook
 from oxygen_ros.nodes.runtime import (
     LATCHED_QOS,
     OBSERVATION_QOS,
-    RELIABLE_QOS,
     SERVICE_QOS,
     SPEECH_QOS,
     ReasonThrottle,
@@ -73,6 +71,7 @@ from oxygen_ros.nodes.runtime import (
     now_s,
     publish_status,
     run_node,
+    subscribe_latched_and_volatile,
 )
 from oxygen_ros.nodes.trajectory_groups import TrajectoryGroup, all_joints_group, parse_groups
 from oxygen_ros.srv import QueryMemory, RequestLanguage
@@ -192,22 +191,16 @@ class InferenceNode(Node):
             callback_group=self._io_group,
             raw=True,  # deserialized by the engine thread, only the frames it uses
         )
-        # Instructions from latched publishers (history for a late start: transient local;
-        # its QoS mismatch with volatile publishers is expected, not warned about) and from
-        # volatile ones (`ros2 topic pub`, rqt); a latched message reaches both, counted once.
+        # Instructions from latched and volatile publishers; a latched message reaches both
+        # subscriptions and is counted once (`_on_instruction`).
         self._instructions_seen = Deduplicator()
-        for qos, events in (
-            (LATCHED_QOS, SubscriptionEventCallbacks(incompatible_qos=lambda _event: None)),
-            (RELIABLE_QOS, None),
-        ):
-            self.create_subscription(
-                String,
-                p["instruction_topic"],
-                self._on_instruction,
-                qos,
-                callback_group=self._io_group,
-                event_callbacks=events,
-            )
+        subscribe_latched_and_volatile(
+            self,
+            String,
+            p["instruction_topic"],
+            self._on_instruction,
+            callback_group=self._io_group,
+        )
         self.create_service(
             RequestLanguage,
             p["request_language_service"],

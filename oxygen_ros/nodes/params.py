@@ -823,16 +823,18 @@ TRAJECTORY_GROUP: tuple[ParamSpec, ...] = (
 )
 
 
+def _prefixed(prefix: str, template: Sequence[ParamSpec]) -> tuple[ParamSpec, ...]:
+    return tuple(dataclasses.replace(s, name=f"{prefix}.{s.name}") for s in template)
+
+
 def trajectory_group_specs(group: str) -> tuple[ParamSpec, ...]:
     """The per-group parameters `trajectory_group.<group>.<field>`."""
-    return tuple(
-        dataclasses.replace(s, name=f"trajectory_group.{group}.{s.name}") for s in TRAJECTORY_GROUP
-    )
+    return _prefixed(f"trajectory_group.{group}", TRAJECTORY_GROUP)
 
 
 def camera_specs(camera: str, template: Sequence[ParamSpec]) -> tuple[ParamSpec, ...]:
     """The per-camera parameters `cameras.<camera>.<field>`."""
-    return tuple(dataclasses.replace(s, name=f"cameras.{camera}.{s.name}") for s in template)
+    return _prefixed(f"cameras.{camera}", template)
 
 
 def validate(spec: ParamSpec, value: Any) -> tuple[Any, str | None]:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.executors import (
     ExternalShutdownException,
     MultiThreadedExecutor,
@@ -95,6 +96,19 @@ def latched_qos(depth: int) -> QoSProfile:
         reliability=QoSReliabilityPolicy.RELIABLE,
         durability=QoSDurabilityPolicy.TRANSIENT_LOCAL,
     )
+
+
+def subscribe_latched_and_volatile(node: Node, msg_type, topic: str, callback, **kwargs) -> None:
+    """Subscribes `callback` to `topic` twice, so that every kind of reliable publisher
+    reaches it: transient local (a latched publisher's last message reaches a node that starts
+    later) and volatile (DDS never matches a volatile publisher, such as `ros2 topic pub` or
+    rqt, with a transient-local reader). A latched publisher's message arrives through both:
+    `callback` must be idempotent or deduplicate (message info identifies a publication). The
+    transient-local reader's expected mismatch with volatile publishers is not warned about.
+    `kwargs` go to `create_subscription` (callback_group, ...)."""
+    quiet = SubscriptionEventCallbacks(incompatible_qos=lambda _event: None)
+    for qos, events in ((LATCHED_QOS, quiet), (RELIABLE_QOS, None)):
+        node.create_subscription(msg_type, topic, callback, qos, event_callbacks=events, **kwargs)
 
 
 def run_node(

@@ -15,6 +15,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 import pytest
+from fake_clock import FakeClock
 
 from oxygen_ros.nodes.action_process import ActionLink, ActionMessages, serve
 from oxygen_ros.nodes.action_publisher import (
@@ -31,17 +32,6 @@ ROWS = 16
 DT = 0.125
 EPOCH = 1000.0  # the child's node clock = EPOCH + its fake monotonic clock
 TIMEOUT_S = 10.0  # waits on conditions; never reached when the code works
-
-
-class FakeClock:
-    def __init__(self, t: float = 0.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def node(self) -> float:
-        return EPOCH + self.t
 
 
 class Recorder:
@@ -72,7 +62,7 @@ class Pair:
     def __init__(self, parent_clock: FakeClock | None = None) -> None:
         parent_end, self.child_sock = socket.socketpair()
         self.child_conn = Connection(os.dup(self.child_sock.fileno()))
-        self.clock = FakeClock(10.0)  # the child's monotonic clock
+        self.clock = FakeClock(10.0, EPOCH)  # the child's monotonic clock
         self.parent_clock = parent_clock or self.clock
         self.rec = Recorder()
         self.params = {
@@ -150,7 +140,7 @@ def rows(value: float = 0.0) -> np.ndarray:
 
 
 def test_hand_off_reaches_the_child_with_the_parents_hand_off_time() -> None:
-    parent_clock = FakeClock(9.5)  # the parent handed over 0.5 s before the child publishes
+    parent_clock = FakeClock(9.5, EPOCH)  # the parent handed over 0.5 s before the child publishes
     p = Pair(parent_clock)
     try:
         p.link.hand_off(rows(0.25), p.clock.node() - 0.25, 0.25)

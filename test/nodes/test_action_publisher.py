@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from fake_clock import FakeClock
 
 from oxygen_ros.msg import ActionChunk
 from oxygen_ros.nodes.action_publisher import (
@@ -27,17 +28,6 @@ PERIOD = 0.125  # 8 Hz; binary fractions keep the deadline arithmetic exact
 DT = 0.125  # seconds between chunk rows
 EPOCH = 1000.0  # the node clock = EPOCH + the fake monotonic clock
 ROWS = 16  # 2 s of rows
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def node(self) -> float:
-        return EPOCH + self.t
 
 
 class Recorder:
@@ -66,7 +56,7 @@ class Recorder:
 def make(
     clock: FakeClock | None = None, *, policy: str = "stop", rate_hz: float = 1 / PERIOD, **kw
 ):
-    clock = clock or FakeClock()
+    clock = clock or FakeClock(epoch=EPOCH)
     rec = Recorder()
     events: list[tuple[str, ...]] = []
     params = {

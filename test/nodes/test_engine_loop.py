@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from fake_clock import FakeClock
 from rclpy.serialization import serialize_message
 
 from oxygen_ros.engine.types import (
@@ -120,14 +121,6 @@ class Logger:
 
     def __getattr__(self, level: str):
         return lambda message, **_: self.lines.append((level, message))
-
-
-class FakeClock:
-    def __init__(self, t: float = 0.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Rig:

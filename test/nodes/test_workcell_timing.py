@@ -1,22 +1,15 @@
 """Pacing of the workcell simulation loop and the episode bookkeeping, with fake clocks."""
 
 import pytest
+from fake_clock import FakeClock
 
 from oxygen_ros.nodes.workcell_episode import EpisodeTracker
 from oxygen_ros.nodes.workcell_timing import Every, Pacer, RateMeter
 from oxygen_ros.sim import tasks
 
 
-class FakeClock:
-    def __init__(self, t: float = 100.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_pacer_sleeps_to_absolute_deadlines_scaled_by_the_factor() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     pacer = Pacer(0.5, clock=clock)
     assert pacer.wait_s(0.0) == (0.0, 0.0)  # anchors sim 0 at wall 100
     clock.t = 100.005
@@ -25,7 +18,7 @@ def test_pacer_sleeps_to_absolute_deadlines_scaled_by_the_factor() -> None:
 
 
 def test_pacer_catches_up_after_a_slow_tick_without_drift() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     pacer = Pacer(1.0, clock=clock)
     pacer.wait_s(0.0)
     clock.t = 100.05  # a 50 ms render in the tick that reached sim 0.01
@@ -39,7 +32,7 @@ def test_pacer_catches_up_after_a_slow_tick_without_drift() -> None:
 
 
 def test_pacer_drops_a_backlog_beyond_max_lag() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     pacer = Pacer(1.0, max_lag_s=0.25, clock=clock)
     pacer.wait_s(0.0)
     clock.t = 101.0  # a second behind
@@ -48,7 +41,7 @@ def test_pacer_drops_a_backlog_beyond_max_lag() -> None:
 
 
 def test_pacer_factor_change_reanchors() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     pacer = Pacer(1.0, clock=clock)
     pacer.wait_s(0.0)
     clock.t = 100.5
@@ -57,7 +50,7 @@ def test_pacer_factor_change_reanchors() -> None:
 
 
 def test_rate_meter_reports_sim_seconds_per_wall_second() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     meter = RateMeter(window_s=1.0, clock=clock)
     assert meter.factor() == 0.0
     for k in range(300):
