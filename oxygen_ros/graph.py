@@ -10,8 +10,12 @@ Profiles: `humanoid` (synthetic sensors when simulated, perception, inference) a
 `policy:=model`, the scripted expert with `policy:=expert`). Each profile's parameters are in
 `config/<profile>.yaml` unless `params_file` names another file.
 
-Invariant: every launch argument has a string default; an empty `model_preset`,
-`checkpoint_dir` or `real_time_factor` means "keep the YAML's value".
+Invariants:
+- Every launch argument has a string default; an empty `model_preset`, `checkpoint_dir` or
+  `real_time_factor` means "keep the YAML's value".
+- `model_preset` overrides perception's and inference's parameter alike (perception converts
+  images to the preset's resolution, the only one inference accepts); `checkpoint_dir`
+  reaches inference only.
 """
 
 from __future__ import annotations
@@ -42,7 +46,12 @@ LAUNCH_ARGUMENTS: tuple[LaunchArgument, ...] = (
     LaunchArgument("profile", "humanoid", "robot profile: humanoid or workcell"),
     LaunchArgument("params_file", "", "YAML parameter file (empty: config/<profile>.yaml)"),
     LaunchArgument("namespace", "", "namespace for every node (empty: none)"),
-    LaunchArgument("model_preset", "", "engine preset, tiny or pi05 (empty: the YAML's value)"),
+    LaunchArgument(
+        "model_preset",
+        "",
+        "engine preset (tiny, workcell, workcell_objects or pi05), also perception's image "
+        "size (empty: the YAML's value)",
+    ),
     LaunchArgument(
         "checkpoint_dir",
         "",
@@ -105,7 +114,13 @@ NODES: tuple[NodeSpec, ...] = (
         overridable=("real_time_factor",),
         profiles=("workcell",),
     ),
-    NodeSpec("perception_node", "oxygen_ros.nodes.perception_node", "perception"),
+    # model_preset reaches perception too: it converts images to the preset's resolution.
+    NodeSpec(
+        "perception_node",
+        "oxygen_ros.nodes.perception_node",
+        "perception",
+        overridable=("model_preset",),
+    ),
     NodeSpec(
         "inference_node",
         "oxygen_ros.nodes.inference_node",

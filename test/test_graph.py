@@ -28,7 +28,7 @@ def test_default_graph_is_perception_and_inference_with_yaml() -> None:
     assert all(n.overrides == {} and n.namespace == "" for n in nodes)
 
 
-def test_use_sim_adds_sensors_first_and_overrides_reach_inference_only(tmp_path) -> None:
+def test_use_sim_adds_sensors_first_and_overrides_reach_their_nodes(tmp_path) -> None:
     params = tmp_path / "p.yaml"
     params.write_text("/**:\n  ros__parameters: {}\n")
     nodes = graph.resolve(
@@ -43,7 +43,8 @@ def test_use_sim_adds_sensors_first_and_overrides_reach_inference_only(tmp_path)
     )
     assert [n.spec.name for n in nodes] == ["sim_sensors", "perception", "inference"]
     assert nodes[2].overrides == {"model_preset": "pi05", "checkpoint_dir": "/ck"}
-    assert nodes[0].overrides == {} and nodes[1].overrides == {}
+    assert nodes[1].overrides == {"model_preset": "pi05"}  # perception: the image size
+    assert nodes[0].overrides == {}
     with pytest.raises(ValueError, match="overrides_dir"):
         nodes[2].ros_arguments()
     assert nodes[0].ros_arguments() == nodes[0].ros_arguments(tmp_path)  # nothing to write
@@ -65,6 +66,9 @@ def test_use_sim_adds_sensors_first_and_overrides_reach_inference_only(tmp_path)
     assert written == {
         "/robot1/inference": {"ros__parameters": {"model_preset": "pi05", "checkpoint_dir": "/ck"}}
     }
+    nodes[1].ros_arguments(tmp_path)
+    written = yaml.safe_load((tmp_path / "perception_overrides.yaml").read_text())
+    assert written == {"/robot1/perception": {"ros__parameters": {"model_preset": "pi05"}}}
 
 
 def test_workcell_profile_starts_its_simulator_and_the_chosen_policy(tmp_path) -> None:
@@ -94,7 +98,7 @@ def test_workcell_profile_starts_its_simulator_and_the_chosen_policy(tmp_path) -
     assert [n.spec.name for n in expert] == ["workcell_sim", "perception", "expert"]
     assert expert[2].spec.executable == "expert_node"
     assert expert[2].spec.module == "oxygen_ros.nodes.expert_node"
-    assert all(n.overrides == {} for n in expert)
+    assert [n.overrides for n in expert] == [{}, {"model_preset": "pi05"}, {}]
 
 
 def test_every_node_executable_has_an_installed_wrapper_script() -> None:
@@ -200,6 +204,8 @@ def test_launch_file_declares_every_argument_and_starts_the_resolved_graph(monke
     assert [n.kwargs["executable"] for n in nodes] == [r.spec.executable for r in expected]
     assert [n.kwargs["name"] for n in nodes] == ["sim_sensors", "perception", "inference"]
     assert nodes[-1].kwargs["parameters"] == [expected[-1].params_file, {"model_preset": "tiny"}]
+    assert nodes[1].kwargs["parameters"] == [expected[1].params_file, {"model_preset": "tiny"}]
+    assert nodes[0].kwargs["parameters"] == [expected[0].params_file]
     assert all(n.kwargs["remappings"] == [] for n in nodes)
     assert all(n.kwargs["package"] == "oxygen_ros" for n in nodes)
 
@@ -249,37 +255,40 @@ def test_node_parameters_merge_the_sections_rcl_applies_in_file_order() -> None:
     assert graph.node_parameters({}, "inference") == {}
 
 
+def rcl_values(arguments: list[str], name: str, keys, namespace: str = "") -> dict:
+    """What rcl itself (no spinning) gives a node `name` started with these `--ros-args`: the
+    value of each of `keys` that is set, and the node's namespace as `__ns`."""
+    import rclpy
+    from rcl_interfaces.msg import ParameterDescriptor
+    from rclpy.node import Node
+
+    context = rclpy.Context()
+    rclpy.init(args=["--ros-args", *arguments], context=context)
+    try:
+        node = Node(name, namespace=namespace, context=context)
+        dynamic = ParameterDescriptor(dynamic_typing=True)
+        out = {
+            k: (
+                node.get_parameter(k)
+                if node.has_parameter(k)  # built in (use_sim_time)
+                else node.declare_parameter(k, None, dynamic)
+            ).value
+            for k in dict.fromkeys(keys)
+        }
+        out = {k: v for k, v in out.items() if v is not None}
+        out["__ns"] = node.get_namespace()
+        node.destroy_node()
+        return out
+    finally:
+        rclpy.shutdown(context=context)
+
+
 @pytest.mark.parametrize("profile", graph.PROFILES)
 def test_profile_yaml_and_overrides_reach_nodes_in_a_namespace(profile: str, tmp_path) -> None:
     """rcl itself (no spinning): a node started with the bring-up's arguments under a
     namespace gets its own YAML section and the launch overrides. Positive control: a plain
     `inference:` section and a `-p inference:...` override (what the files and the bring-up
     used before) reach the node without a namespace but not the namespaced one."""
-    import rclpy
-    from rcl_interfaces.msg import ParameterDescriptor
-    from rclpy.node import Node
-
-    def values(arguments: list[str], name: str, keys, namespace: str = "") -> dict:
-        context = rclpy.Context()
-        rclpy.init(args=["--ros-args", *arguments], context=context)
-        try:
-            node = Node(name, namespace=namespace, context=context)
-            dynamic = ParameterDescriptor(dynamic_typing=True)
-            out = {
-                k: (
-                    node.get_parameter(k)
-                    if node.has_parameter(k)  # built in (use_sim_time)
-                    else node.declare_parameter(k, None, dynamic)
-                ).value
-                for k in dict.fromkeys(keys)
-            }
-            out = {k: v for k, v in out.items() if v is not None}
-            out["__ns"] = node.get_namespace()
-            node.destroy_node()
-            return out
-        finally:
-            rclpy.shutdown(context=context)
-
     launch = {"model_preset": "pi05"} if profile == "humanoid" else {"real_time_factor": "0.3"}
     for namespace in ("", "robot1/"):
         nodes = graph.resolve(
@@ -296,12 +305,39 @@ def test_profile_yaml_and_overrides_reach_nodes_in_a_namespace(profile: str, tmp
             }
             assert own, node.spec.name  # each node has parameters of its own in the YAML
             args = node.ros_arguments(tmp_path)
-            got = values(args, node.spec.name, [*own, *node.overrides])
+            got = rcl_values(args, node.spec.name, [*own, *node.overrides])
             assert got.pop("__ns") == ("/robot1" if namespace else "/")
             assert got == {**own, **node.overrides}, (namespace, node.spec.name)
     old_yaml = tmp_path / "old.yaml"
     old_yaml.write_text("inference:\n  ros__parameters:\n    seed: 7\n")
     old = ["--params-file", str(old_yaml), "-p", "inference:model_preset:=pi05"]
     keys = ["seed", "model_preset"]
-    assert values(old, "inference", keys) == {"seed": 7, "model_preset": "pi05", "__ns": "/"}
-    assert values(old, "inference", keys, "/robot1") == {"__ns": "/robot1"}
+    assert rcl_values(old, "inference", keys) == {"seed": 7, "model_preset": "pi05", "__ns": "/"}
+    assert rcl_values(old, "inference", keys, "/robot1") == {"__ns": "/robot1"}
+
+
+@pytest.mark.parametrize(
+    ("profile", "preset", "size"),
+    [("humanoid", "workcell", (96, 96)), ("workcell", "tiny", (224, 224))],
+)
+def test_model_preset_override_gives_perception_and_inference_one_image_size(
+    profile: str, preset: str, size: tuple[int, int], tmp_path
+) -> None:
+    """`model_preset:=<preset>`, read by rcl as each node starts (in a namespace too): the
+    image size perception converts to and the one inference accepts are both the preset's.
+    Positive control: without the override, perception would keep the YAML's preset, whose
+    size differs."""
+    from oxygen_ros.engine.config import get_model_config
+
+    for namespace in ("", "robot1"):
+        nodes = graph.resolve({"profile": profile, "namespace": namespace, "model_preset": preset})
+        assert [n.spec.name for n in nodes] == ["perception", "inference"]
+        sizes = {}
+        for node in nodes:
+            got = rcl_values(node.ros_arguments(tmp_path), node.spec.name, ["model_preset"])
+            sizes[node.spec.name] = get_model_config(got["model_preset"]).image_resolution
+        assert sizes == {"perception": size, "inference": size}, namespace
+        yaml_only = rcl_values(
+            ["--params-file", nodes[0].params_file], "perception", ["model_preset"]
+        )
+        assert get_model_config(yaml_only["model_preset"]).image_resolution != size

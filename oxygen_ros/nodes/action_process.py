@@ -22,8 +22,9 @@ publisher without passing through the parent (whose GIL the engine thread shares
 
 Protocol (pickled tuples, `multiprocessing.connection.Connection` framing):
 - parent -> child: the `ActionProcessConfig` first; then ("hand_off", actions, observation
-  stamp, latency_s, handed_at), ("hold", positions), ("stream", StreamConfig), ("params",
-  {name: value}), ("diagnostics", request id), ("stop",).
+  stamp, latency_s, handed_at), ("hold", positions), ("gate", stop reason, engaged) (the
+  lifecycle's "inactive", a canceled task's "canceled": `ActionPublisher.set_stop`), ("stream",
+  StreamConfig), ("params", {name: value}), ("diagnostics", request id), ("stop",).
 - child -> parent: ("ready", why the priority was refused or ""), ("reject", reason, message)
   (a refused chunk, or a JointTrajectory not sent: reason `trajectory_invalid.<group>`),
   ("watchdog", transition), ("diagnostics", request id, values).
@@ -128,6 +129,12 @@ class ActionLink:
 
     def set_hold_positions(self, positions: np.ndarray) -> None:
         self._send(("hold", np.asarray(positions, dtype=np.float64)))
+
+    def set_stop(self, reason: str, engaged: bool) -> None:
+        """Engages or releases a stop reason of the child's publisher (`ActionPublisher.
+        set_stop`: a hold of the measured pose at the first, then nothing until all are
+        released)."""
+        self._send(("gate", reason, bool(engaged)))
 
     def reconfigure(self, stream_config: StreamConfig) -> None:
         self._send(("stream", stream_config))
@@ -257,6 +264,8 @@ def serve(
                 publisher.hand_off(actions, stamp, latency, handed_at=handed_at)
             elif kind == "hold":
                 publisher.set_hold_positions(message[1])
+            elif kind == "gate":
+                publisher.set_stop(message[1], message[2])
             elif kind == "stream":
                 publisher.reconfigure(message[1])
             elif kind == "params":

@@ -43,6 +43,15 @@ fresh) is taken into the stream, not published. The measured joint state
 (`set_hold_positions`, the newest frame's) is also where a chunk's velocity limits start when
 no previous chunk is live.
 
+Stops: while any stop reason is engaged (`set_stop`: "estop" from the emergency stop inputs,
+"inactive" from the node's lifecycle, "canceled" when an instruction goal is canceled) the
+publisher sends a hold of the measured pose once, at the first reason, then nothing: ticks are
+empty (`action_ticks_empty.<reason>`) and handed-off chunks are dropped unpublished
+(`new_chunk_unpublished.<reason>`), never entering the stream. When the last reason is
+released, ticks go on from the hold until the next fresh chunk, whose velocity limits start
+there. The reason named in counters is "estop" while that one is engaged, else the first in
+sorted order.
+
 Nothing stale is published (the `ActionStream` invariants). A tick with nothing to send is
 counted by reason (`action_ticks_empty.<reason>`: no_chunk, stale, exhausted, watchdog): a
 starvation event; so is a new chunk that cannot be published (`new_chunk_unpublished.<reason>`).
@@ -75,6 +84,7 @@ TRIGGER_NEW_CHUNK = 1  # ActionChunk.TRIGGER_NEW_CHUNK
 LATE_TOLERANCE_PERIODS = 0.5  # a tick later than this many periods is skipped (docstring)
 RATE_WINDOW_S = 2.0  # the tick rate in diagnostics is over this many seconds
 # Parameters read live on every use (the node's NodeParameters, or a dict in tests).
+ESTOP = "estop"  # the emergency stop's stop reason (`set_stop`)
 PARAMETERS = ("action_rate_hz", "watchdog_timeout_s", "watchdog_policy", "stats_window_s")
 
 PublishFn = Callable[[Slice, int, int], None]  # (piece, sequence, trigger)
@@ -183,8 +193,8 @@ class ActionPublisher:
         self._stopping = False
         self._watchdog = Watchdog()
         self._hold_positions: np.ndarray | None = None
-        self._estop = False  # engaged: the hold at once, then nothing until released
-        self._estop_hold_due = False
+        self._stops: set[str] = set()  # engaged stop reasons (docstring, "Stops")
+        self._stop_hold_due = False
         self._counters: collections.Counter[str] = collections.Counter()
         # The publisher thread's own state.
         self._ticks = TickClock(monotonic(), 1.0 / params["action_rate_hz"])
@@ -224,18 +234,29 @@ class ActionPublisher:
         with self._cond:
             self._hold_positions = np.asarray(positions, dtype=np.float64)
 
-    def set_estop(self, engaged: bool) -> None:
-        """Emergency stop (any thread). Engaged: the publisher thread sends a hold of the
-        measured pose at once (superseding every buffered row), then nothing: ticks are empty
-        (`action_ticks_empty.estop`) and handed-off chunks are dropped unpublished, never
-        entering the stream. Released: ticks send the hold until the next fresh chunk, which is
-        published as usual, its velocity limits starting from the hold."""
+    def set_stop(self, reason: str, engaged: bool) -> None:
+        """Engages or releases one stop reason (any thread; idempotent per reason). The first
+        reason engaged makes the publisher thread send a hold of the measured pose at once
+        (superseding every buffered row); see the module docstring."""
         with self._cond:
-            if engaged and not self._estop:
-                self._estop_hold_due = True
-                self._counters["estop_engagements"] += 1
-            self._estop = bool(engaged)
+            if engaged and reason not in self._stops:
+                if not self._stops:
+                    self._stop_hold_due = True
+                self._counters[f"stop_engagements.{reason}"] += 1
+                self._stops.add(reason)
+            elif not engaged:
+                self._stops.discard(reason)
             self._cond.notify_all()
+
+    def set_estop(self, engaged: bool) -> None:
+        """Emergency stop (any thread): the stop reason "estop"."""
+        self.set_stop(ESTOP, engaged)
+
+    @property
+    def stops(self) -> frozenset[str]:
+        """The stop reasons engaged now."""
+        with self._cond:
+            return frozenset(self._stops)
 
     def reconfigure(self, stream_config: StreamConfig) -> None:
         """New blending/age settings (`ActionStream.reconfigure`)."""
@@ -263,7 +284,7 @@ class ActionPublisher:
             counters = dict(self._counters)
             stream = dataclasses.asdict(self._stream.counters)
             watchdog, trips = self._watchdog.state, self._watchdog.trips
-            estop = self._estop
+            stops = self._stops.copy()
         values: dict[str, object] = {
             "action_rate_hz": self._tick_times.rate(t),
             "action_tick_late_p99_ms": 1e3 * _or_zero(self._tick_lateness.percentile(99, t)),
@@ -274,7 +295,8 @@ class ActionPublisher:
             "actions.handoff_to_publish_p99_ms": 1e3 * self._handoff_delay.percentile(99, t),
             "watchdog": watchdog,
             "watchdog_trips": trips,
-            "estop": "engaged" if estop else "released",
+            "estop": "engaged" if ESTOP in stops else "released",
+            "stopped_by": ",".join(sorted(stops)),
             "action_ticks_skipped": 0,
         }
         values.update((f"actions.{k}", v) for k, v in stream.items())
@@ -287,7 +309,7 @@ class ActionPublisher:
         while True:
             wait_s = self.service()
             with self._cond:
-                idle = self._mailbox is None and not self._estop_hold_due
+                idle = self._mailbox is None and not self._stop_hold_due
                 if not self._stopping and idle and wait_s > 0:
                     self._cond.wait(wait_s)
                 if self._stopping:
@@ -298,13 +320,13 @@ class ActionPublisher:
         late ones skipped). Returns seconds until the next tick deadline."""
         with self._cond:
             handed, self._mailbox = self._mailbox, None
-            hold_due, self._estop_hold_due = self._estop_hold_due, False
-            estop = self._estop
+            hold_due, self._stop_hold_due = self._stop_hold_due, False
+            stopped_by = self._stop_label()
         if hold_due:
-            self._publish_estop_hold()
-        if handed is not None and estop:
+            self._publish_stop_hold()
+        if handed is not None and stopped_by:
             with self._cond:
-                self._counters["new_chunk_unpublished.estop"] += 1
+                self._counters[f"new_chunk_unpublished.{stopped_by}"] += 1
         elif handed is not None:
             self._publish_new_chunk(handed)
         t = self._monotonic()
@@ -352,7 +374,13 @@ class ActionPublisher:
             self._handoff_delay.add(t - handed.handed_at, t)
             self._send(piece, TRIGGER_NEW_CHUNK, now)
 
-    def _publish_estop_hold(self) -> None:
+    def _stop_label(self) -> str:
+        """The stop reason named in counters ("" when none is engaged); lock held."""
+        if ESTOP in self._stops:
+            return ESTOP
+        return min(self._stops, default="")
+
+    def _publish_stop_hold(self) -> None:
         now = self._clock()
         with self._cond:
             measured = self._measured()
@@ -366,8 +394,9 @@ class ActionPublisher:
     def _publish_tick(self) -> None:
         now = self._clock()
         with self._cond:
-            if self._estop:
-                self._counters["action_ticks_empty.estop"] += 1
+            stopped_by = self._stop_label()
+            if stopped_by:
+                self._counters[f"action_ticks_empty.{stopped_by}"] += 1
                 return
             piece = self._stream.slice(now)
             reason = self._stream.empty_reason(now) if piece is None else ""

@@ -284,6 +284,7 @@ class EngineLoop:
         self._on_finished = on_finished
         self._monotonic = monotonic
         self.state = "loading"  # loading | ready | failed
+        self.started = threading.Event()  # set when `state` leaves "loading"
         self.counters: collections.Counter[str] = collections.Counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self.run, name="engine", daemon=True)
@@ -385,8 +386,10 @@ class EngineLoop:
             self.state = "failed"
             self._logger.fatal(f"engine failed to start: {type(exc).__name__}: {exc}")
             self._logger.debug(traceback.format_exc())
+            self.started.set()
             return
         self.state = "ready"
+        self.started.set()
         mask = tuple(getattr(engine, "delta_action_mask", ()) or ())
         delta = [n for n, on in zip(self._format.state_names, mask, strict=False) if on]
         space = f"deltas on {delta} (added to the joint state)" if delta else "absolute"

@@ -19,6 +19,28 @@ units together, one job each:
 A single-threaded executor runs the callbacks here (observation bytes, instruction, services,
 periodic requests, diagnostics); none of them calls the engine.
 
+Lifecycle (a managed node, `rclpy.lifecycle`; the standard `~/change_state` and `~/get_state`
+services):
+- unconfigured: parameters, memory store, inputs, services; no engine and no action process.
+  Frames are dropped (`frames_unconfigured`), language requests refused; an instruction is
+  kept as the prompt (while not active in general), its subtask requested at activate.
+- configure: starts the action process (its stream closed: stop reason "inactive") and the
+  engine thread, and returns only when the engine has loaded and compiled (`warmup`) and the
+  action process runs; FAILURE (back to unconfigured, both stopped) when the engine fails to
+  start or `configure_timeout_s` passes. It blocks the caller (the executor for a
+  `change_state` request) meanwhile.
+- inactive: the engine runs frames (the measured pose stays current and language requests in
+  flight end), nothing is published on the action topics: its chunks are dropped at the gate.
+  New language requests are refused and periodic ones paused.
+- activate: opens the gate; the next fresh chunk starts from the measured pose.
+- deactivate: closes the gate: one explicit hold of the measured pose, then silence; queued
+  and in-flight language requests end (aborted, "node deactivated").
+- cleanup / shutdown / error: stop the engine thread and the action process, end every
+  request. After shutdown (finalized) the process exits.
+- `autostart` (default true) drives the node to active from a thread of its own at start, as
+  nav2's lifecycle manager does for its nodes; the executor keeps serving meanwhile. If that
+  fails, the process exits with code 1.
+
 Invariants (the units' docstrings hold the rest):
 - A memory entry is committed to SQLite before it is published; the last
   `memory_republish_count` entries are republished (transient local) at start.
@@ -36,11 +58,13 @@ from __future__ import annotations
 import collections
 import os
 import sys
+import threading
+import time
 from collections.abc import Sequence
 
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
-from rclpy.node import Node
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from std_msgs.msg import String
 
 from oxygen_ros.engine.types import RequestKind, RequestOutput
@@ -80,10 +104,12 @@ THROTTLE_S = 5.0
 ENGINE_JOIN_S = 3.0  # at shutdown, how long to wait for a frame in progress
 ACTIONS_JOIN_S = 2.0  # at shutdown, how long the action process may take to exit
 GIL_SWITCH_INTERVAL_S = 0.0005
+INACTIVE = "inactive"  # the action gate's stop reason while the node is not active
+CONFIGURE_POLL_S = 0.1  # how often a waiting configure looks at the shutdown flag
 
 
-class InferenceNode(Node):
-    """Runs the engine and publishes its actions, speech and memory."""
+class InferenceNode(LifecycleNode):
+    """Runs the engine and publishes its actions, speech and memory (a managed node)."""
 
     def __init__(self) -> None:
         super().__init__("inference")
@@ -97,17 +123,16 @@ class InferenceNode(Node):
         p = self.params
         self._joint_names = tuple(p["joint_names"])
         # The model's state: the joints, then perceived entries of the frame (not actions).
-        state_names = self._joint_names + tuple(p["state_extra_names"])
+        self._state_names = state_names = self._joint_names + tuple(p["state_extra_names"])
         if len(set(state_names)) != len(state_names):
             raise P.ParameterError(f"state_extra_names repeat a joint: {p['state_extra_names']}")
         try:
             self._engine_config = build_engine_config(p.values(), len(self._joint_names))
-            stream_config = self._stream_config()
-            trajectory_groups = self._trajectory_groups()
+            self._stream_config()  # checked here; built again at configure (runtime values)
+            self._groups = self._trajectory_groups()
         except ValueError as exc:
             raise P.ParameterError(str(exc)) from exc
         model = self._engine_config.model
-
         self._store = MemoryStore(p["memory_db_path"])
         if self._store.moved_aside is not None:
             self.get_logger().error(
@@ -120,6 +145,14 @@ class InferenceNode(Node):
         self._token_rate = RateMeter()
         self._closing = False  # close() started: the action process is told to stop
         self._actions_failed = False  # the action process ended on its own
+        self._autostart_failed = False  # autostart could not reach active: exit code 1
+        self._finalized = False  # the shutdown transition ran: the spin ends
+        self._active = False  # lifecycle active: the action gate is open
+        self._subtask_due = False  # an instruction came while not active: ask at activate
+        # The units run between configure and cleanup; the lock guards their assignment.
+        self._units_lock = threading.Lock()
+        self._actions: ActionProcess | None = None
+        self._engine: EngineLoop | None = None
 
         # Publishers (actions and trajectories: the action process's).
         self._io_group = MutuallyExclusiveCallbackGroup()
@@ -133,7 +166,8 @@ class InferenceNode(Node):
         )
 
         # The units.
-        clock = lambda: now_s(self)  # noqa: E731  (the node's ROS clock: observation stamps)
+        # The node's ROS clock (observation stamps; sim time with use_sim_time).
+        self._now = clock = lambda: now_s(self)
         self._queue = LanguageQueue(p["max_pending_requests"])
         self._book = RequestBook(self._queue, self._send_speech, clock)
         self._inbox = FrameInbox(
@@ -141,46 +175,6 @@ class InferenceNode(Node):
         )
         if self._inbox.prompt:
             self._instruction_pub.publish(String(data=self._inbox.prompt))
-        self._actions = ActionProcess.start(
-            ActionProcessConfig(
-                node_name=f"{self.get_name()}_actions",
-                namespace=self.get_namespace(),
-                actions_topic=self.resolve_topic_name(p["actions_topic"]),
-                estop_topic=self.resolve_topic_name(p["emergency_stop_topic"]),
-                estop_service=self.resolve_service_name(p["emergency_stop_service"]),
-                trajectory_groups=trajectory_groups if p["publish_joint_trajectory"] else (),
-                frame_id=p["frame_id"],
-                joint_names=self._joint_names,
-                horizon=model.action_horizon,
-                stream=stream_config,
-                params={name: p[name] for name in ACTION_PARAMETERS},
-                priority=p["action_thread_priority"],
-                use_sim_time=bool(self.get_parameter("use_sim_time").value),
-            ),
-            on_reject=self._reject,
-            on_watchdog=self._on_watchdog,
-            on_ready=self._on_actions_ready,
-        )
-
-        def engine_factory():
-            from oxygen_ros.engine.engine import Engine  # JAX import: seconds, not here
-
-            return Engine(self._engine_config, clock=clock)
-
-        self._engine = EngineLoop(
-            engine_factory,
-            FrameFormat(
-                model.image_keys, state_names, len(self._joint_names), model.image_resolution
-            ),
-            self._inbox,
-            self._book,
-            self._actions.link,
-            p,
-            clock=clock,
-            logger=self.get_logger(),
-            reject=self._reject,
-            on_finished=self._on_finished,
-        )
 
         # Inputs, services, timers.
         self.create_subscription(
@@ -238,33 +232,186 @@ class InferenceNode(Node):
         self.params.add_listener(self._on_params)
 
         self._republish_memory()
-        self._engine.start()
         self.get_logger().info(
-            f"engine {model.name} loading; actions at {p['action_rate_hz']:g} Hz on "
-            f"{self.resolve_topic_name(p['actions_topic'])} (process "
-            f"{self._actions.popen.pid}), memory in {self._store.path} "
-            f"(last id {self._store.last_id()})"
+            f"unconfigured (engine {model.name}); memory in {self._store.path} (last id "
+            f"{self._store.last_id()}); "
+            + ("autostart: configuring" if p["autostart"] else "waiting for change_state")
         )
+        if p["autostart"]:
+            threading.Thread(target=self._autostart, name="autostart", daemon=True).start()
 
     @property
     def stop_requested(self) -> bool:
-        """True when the engine failed to start or the action process ended: ends the spin
-        (`run_node`)."""
-        return self._engine.state == "failed" or self._actions_lost()
+        """True when autostart failed, after the shutdown transition, or when the action
+        process ended on its own: ends the spin (`run_node`)."""
+        return self._autostart_failed or self._finalized or self._actions_lost()
 
     @property
     def exit_code(self) -> int:
-        return 1 if self._engine.state == "failed" or self._actions_failed else 0
+        return 1 if self._autostart_failed or self._actions_failed else 0
 
     def _actions_lost(self) -> bool:
         """The action process ended without being told to (logged once)."""
-        if not self._actions_failed and not self._closing and not self._actions.alive():
+        actions = self._actions
+        if self._actions_failed or self._closing or actions is None or actions.alive():
+            return self._actions_failed
+        if actions is self._actions:  # not stopped meanwhile by cleanup
             self._actions_failed = True
             self.get_logger().fatal(
-                f"the action process exited (code {self._actions.popen.poll()}); no actions "
-                "are published, stopping"
+                f"the action process exited (code {actions.popen.poll()}); no actions are "
+                "published, stopping"
             )
         return self._actions_failed
+
+    # ================================================================ lifecycle
+    def _autostart(self) -> None:
+        """`autostart`: configure, then activate (in a thread: the executor keeps serving)."""
+        ok = TransitionCallbackReturn.SUCCESS
+        reached = self.trigger_configure() == ok and self.trigger_activate() == ok
+        if not reached and not self._closing:
+            self.get_logger().fatal("autostart failed to reach active; stopping")
+            self._autostart_failed = True
+
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        with self._units_lock:
+            if self._closing:
+                return TransitionCallbackReturn.FAILURE
+            self._start_units()
+            engine, link = self._engine, self._actions.link
+        deadline = time.monotonic() + self.params["configure_timeout_s"]
+        while not (engine.started.is_set() and (link.ready.is_set() or link.closed.is_set())):
+            if self._closing or time.monotonic() > deadline:
+                break
+            engine.started.wait(CONFIGURE_POLL_S)
+        if engine.state == "ready" and link.ready.is_set() and not link.closed.is_set():
+            self.get_logger().info("configured: engine ready, action stream closed (inactive)")
+            return TransitionCallbackReturn.SUCCESS
+        if self._closing:
+            why = "the node is shutting down"
+        elif engine.state == "failed":
+            why = "the engine failed to start"
+        elif link.closed.is_set():
+            why = "the action process exited"
+        else:
+            why = f"not ready within configure_timeout_s={self.params['configure_timeout_s']:g}"
+        self.get_logger().error(f"configure failed: {why}")
+        self._stop_units("configure failed")
+        return TransitionCallbackReturn.FAILURE
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        actions = self._actions
+        if actions is None:
+            return TransitionCallbackReturn.FAILURE
+        self._active = True
+        actions.link.set_stop(INACTIVE, False)
+        self.get_logger().info(
+            f"active: actions at {self.params['action_rate_hz']:g} Hz on "
+            f"{self.resolve_topic_name(self.params['actions_topic'])}"
+        )
+        if self._subtask_due and self._inbox.prompt:
+            self.get_logger().info(
+                f"subtask of the instruction given while inactive: {self._request_subtask()}"
+            )
+        return super().on_activate(state)
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._active = False
+        actions = self._actions
+        if actions is not None:
+            actions.link.set_stop(INACTIVE, True)  # the hold, then silence
+        for kind in RequestKind:
+            self._book.supersede(kind, "node deactivated")
+        self._inbox.wake()
+        self.get_logger().info("inactive: action stream stopped with a hold")
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_units("engine cleaned up")
+        self.get_logger().info("unconfigured: engine and action process stopped")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_units("node shut down")
+        self._finalized = True
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_units("lifecycle error")
+        return TransitionCallbackReturn.SUCCESS
+
+    def _lifecycle_state(self) -> str:
+        """The current state's label (unconfigured, inactive, active, configuring, ...)."""
+        return self._state_machine.current_state[1]  # rclpy's LifecycleNodeMixin state machine
+
+    def _start_units(self) -> None:
+        """The action process (gate closed) and the engine thread (lock held)."""
+        p = self.params
+        model = self._engine_config.model
+        self._actions = ActionProcess.start(
+            ActionProcessConfig(
+                node_name=f"{self.get_name()}_actions",
+                namespace=self.get_namespace(),
+                actions_topic=self.resolve_topic_name(p["actions_topic"]),
+                estop_topic=self.resolve_topic_name(p["emergency_stop_topic"]),
+                estop_service=self.resolve_service_name(p["emergency_stop_service"]),
+                trajectory_groups=self._groups if p["publish_joint_trajectory"] else (),
+                frame_id=p["frame_id"],
+                joint_names=self._joint_names,
+                horizon=model.action_horizon,
+                stream=self._stream_config(),
+                params={name: p[name] for name in ACTION_PARAMETERS},
+                priority=p["action_thread_priority"],
+                use_sim_time=bool(self.get_parameter("use_sim_time").value),
+            ),
+            on_reject=self._reject,
+            on_watchdog=self._on_watchdog,
+            on_ready=self._on_actions_ready,
+        )
+        self._actions.link.set_stop(INACTIVE, True)  # before any chunk can arrive
+        clock = self._now
+
+        def engine_factory():
+            from oxygen_ros.engine.engine import Engine  # JAX import: seconds, not here
+
+            return Engine(self._engine_config, clock=clock)
+
+        self._engine = EngineLoop(
+            engine_factory,
+            FrameFormat(
+                model.image_keys, self._state_names, len(self._joint_names), model.image_resolution
+            ),
+            self._inbox,
+            self._book,
+            self._actions.link,
+            p,
+            clock=clock,
+            logger=self.get_logger(),
+            reject=self._reject,
+            on_finished=self._on_finished,
+        )
+        self._engine.start()
+        self.get_logger().info(
+            f"configuring: engine {model.name} loading, action publisher starting (process "
+            f"{self._actions.popen.pid})"
+        )
+
+    def _stop_units(self, reason: str) -> None:
+        """Stops the action process and the engine thread (idempotent), then ends every
+        request with `reason`."""
+        self._active = False
+        with self._units_lock:
+            actions, self._actions = self._actions, None
+            engine, self._engine = self._engine, None
+        if actions is not None:
+            actions.stop(ACTIONS_JOIN_S)
+        if engine is not None:
+            engine.stop()
+            if not engine.join(ENGINE_JOIN_S):
+                doing = "inside a frame" if engine.state == "ready" else "loading"
+                self.get_logger().warning(
+                    f"engine still {doing} after {ENGINE_JOIN_S:g} s; not waiting for it"
+                )
+        self._book.abort_all(reason)
 
     # ================================================================ configuration
     def _stream_config(self) -> StreamConfig:
@@ -313,11 +460,13 @@ class InferenceNode(Node):
         ):
             if name in changed:
                 timer.timer_period_ns = int(1e9 * self._period(name))
-        self._actions.link.set_params(
-            {name: changed[name] for name in ACTION_PARAMETERS if name in changed}
-        )
-        if {"blend_steps", "max_chunk_age_s"} & set(changed):
-            self._actions.link.reconfigure(self._stream_config())
+        actions = self._actions  # unconfigured: the values are read at configure
+        if actions is not None:
+            actions.link.set_params(
+                {name: changed[name] for name in ACTION_PARAMETERS if name in changed}
+            )
+            if {"blend_steps", "max_chunk_age_s"} & set(changed):
+                actions.link.reconfigure(self._stream_config())
         if "fault_injection" in changed:
             fault = changed["fault_injection"]
             self.get_logger().warning(
@@ -328,6 +477,9 @@ class InferenceNode(Node):
 
     # ================================================================ inputs
     def _on_frame(self, data: bytes) -> None:
+        if self._engine is None:  # unconfigured: no engine to take it
+            self.counters["frames_unconfigured"] += 1
+            return
         self._inbox.put_frame(data)
         self.counters["frames_received"] += 1
 
@@ -365,15 +517,24 @@ class InferenceNode(Node):
         self.counters["instructions"] += 1
         # Queued subtask requests end now; in-flight ones are aborted by the engine thread.
         self._book.supersede(RequestKind.SUBTASK, "superseded by a new instruction")
+        if not self._active:  # kept as the prompt; its subtask is asked for at activate
+            self._subtask_due = True
+            self.get_logger().info(f"instruction: {text!r} (node {self._lifecycle_state()})")
+            return
+        self.get_logger().info(f"instruction: {text!r} ({self._request_subtask()})")
+
+    def _request_subtask(self) -> str:
+        """Queues a subtask request of the current prompt; returns its id or 'refused'."""
+        self._subtask_due = False
         submitted = self._queue.submit(RequestKind.SUBTASK, origin="subtask")
         if not submitted.accepted:
             self._reject("request_refused", f"subtask request refused: {submitted.reason}")
-        self.get_logger().info(f"instruction: {text!r} ({submitted.request_id or 'refused'})")
         self._inbox.wake()
+        return submitted.request_id or "refused"
 
     def _periodic(self, kind: RequestKind) -> None:
         name = f"{kind.value}_period_s"
-        if not self.params[name] or self._engine.state != "ready":
+        if not self.params[name] or not self._active:
             return
         if self._queue.busy(kind):
             self.counters[f"periodic_skipped.{kind.value}"] += 1
@@ -387,8 +548,9 @@ class InferenceNode(Node):
         kind = MSG_TO_KIND.get(request.kind)
         if kind is None:
             response.accepted, response.reason = False, f"unknown kind {request.kind}"
-        elif self._engine.state != "ready":
-            response.accepted, response.reason = False, f"engine not ready ({self._engine.state})"
+        elif not self._active:
+            response.accepted = False
+            response.reason = f"node not active ({self._lifecycle_state()})"
         else:
             origin = "on_demand" if kind == RequestKind.MEMORY else kind.value
             submitted = self._queue.submit(kind, request.max_tokens or None, origin=origin)
@@ -478,16 +640,21 @@ class InferenceNode(Node):
     def _publish_diagnostics(self) -> None:
         if not self.params["diagnostics_period_s"]:
             return
-        link = self._actions.link
-        actions = link.diagnostics() if link.ready.is_set() else None
-        if actions is None:  # starting, or not answering (gone: the spin loop ends then)
-            process = "starting" if not link.ready.is_set() else "silent"
+        units, engine = self._actions, self._engine
+        lifecycle = self._lifecycle_state()
+        link = units.link if units is not None else None
+        actions = link.diagnostics() if link is not None and link.ready.is_set() else None
+        if actions is None:  # none, starting, or not answering (gone: the spin loop ends then)
+            process = "silent" if link is not None and link.ready.is_set() else "starting"
+            process = process if link is not None else "none"
             actions = {"action_rate_hz": 0.0, "watchdog": "unknown", "action_process": process}
         rate = actions["action_rate_hz"]
         target = self.params["action_rate_hz"]
-        state = self._engine.state
-        if state == "failed":
-            level, message = "ERROR", "engine failed to start"
+        state = engine.state if engine is not None else "none"
+        if self._autostart_failed:
+            level, message = "ERROR", "autostart failed (engine or action process did not start)"
+        elif engine is None:
+            level, message = "WARN", f"{lifecycle}: no engine (configure to load it)"
         elif actions.get("action_process") == "silent":
             level, message = "ERROR", "action process not answering"
         elif actions.get("action_process") == "starting":
@@ -498,6 +665,8 @@ class InferenceNode(Node):
             level, message = "ERROR", f"watchdog tripped ({self.params['watchdog_policy']})"
         elif state == "loading":
             level, message = "WARN", "engine loading"
+        elif not self._active:
+            level, message = "WARN", f"{lifecycle}: no actions (activate to start them)"
         elif self.params["fault_injection"]:
             level, message = "WARN", f"fault_injection={self.params['fault_injection']} (test)"
         elif rate < 0.9 * target:
@@ -505,6 +674,7 @@ class InferenceNode(Node):
         else:
             level, message = "OK", f"actions {rate:.1f} Hz"
         values: dict[str, object] = {
+            "lifecycle_state": lifecycle,
             "model_preset": self._engine_config.model.name,
             "action_rate_target_hz": target,
             "tokens_per_s": self._token_rate.rate(),
@@ -516,38 +686,31 @@ class InferenceNode(Node):
             "fault_injection": self.params["fault_injection"],
             "stats_window_s": self.params["stats_window_s"],
         }
-        values.update(self._engine.diagnostics())
+        if engine is not None:
+            values.update(engine.diagnostics())
         values.update(actions)
-        counters = self.counters + self._engine.counters + self._book.counters
+        counters = self.counters + self._book.counters
+        counters += engine.counters if engine is not None else collections.Counter()
         values.update(sorted(counters.items()))
         publish_status(self, self._diag_pub, level, message, values)
 
     def _cache_occupancy(self) -> float:
-        stats = self._engine.engine_stats
+        engine = self._engine
+        stats = engine.engine_stats if engine is not None else {}
         if stats.get("cache_bytes_total"):
             return float(stats["cache_bytes_used"]) / float(stats["cache_bytes_total"])
         return self._queue.num_in_flight / self._engine_config.cache.num_slots
 
     # ================================================================ shutdown
     def close(self) -> None:
-        """Stops timers and both threads, ends requests, closes the database."""
+        """Stops timers and both units (in any lifecycle state, also while a configure waits),
+        ends requests, closes the database."""
         timers = (self._subtask_timer, self._narration_timer, self._memory_timer, self._diag_timer)
         for timer in timers:
             timer.cancel()
         self._closing = True
-        self._actions.stop(ACTIONS_JOIN_S)
-        self._engine.stop()
-        if not self._engine.join(ENGINE_JOIN_S):
-            doing = "inside a frame" if self._engine.state == "ready" else "loading"
-            self.get_logger().warning(
-                f"engine still {doing} after {ENGINE_JOIN_S:g} s; not waiting for it"
-            )
-        self._book.abort_all("node shutting down")
+        self._stop_units("node shutting down")
         self._store.close()
-
-    def engine_busy(self) -> bool:
-        """True while the engine thread has not finished (after `close`: stuck in XLA)."""
-        return self._engine.alive
 
 
 def main(args: Sequence[str] | None = None) -> int:

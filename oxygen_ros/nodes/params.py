@@ -13,6 +13,8 @@ Invariants:
   restart (the engine's compiled shapes, topics and paths depend on them).
 - Integers are accepted for float parameters (`ros2 param set ... action_rate_hz 50`), and an
   empty list given on the command line (which ROS turns into "not set") reads as [].
+- The model image size has one source, `model_preset` (`MODEL_SHARED`, declared by perception
+  and inference alike): perception's output size is the preset's `image_resolution`.
 """
 
 from __future__ import annotations
@@ -357,7 +359,21 @@ WORKCELL_CAMERA: tuple[ParamSpec, ...] = (
     ParamSpec("height", 224, "rendered image height", "int", check=int_range(1, 2048)),
 )
 
+# The model both perception and inference serve: perception converts every image to the
+# preset's `image_resolution`, the only size inference accepts. Both nodes declare it and the
+# YAMLs set it once, in their `/**` section (a test checks), so the two cannot disagree.
+MODEL_SHARED: tuple[ParamSpec, ...] = (
+    ParamSpec(
+        "model_preset",
+        "tiny",
+        "engine model preset; perception converts images to its image resolution",
+        "str",
+        check=one_of(*PRESET_NAMES),
+    ),
+)
+
 PERCEPTION: tuple[ParamSpec, ...] = (
+    *MODEL_SHARED,
     ParamSpec(
         "observation_rate_hz",
         30.0,
@@ -416,8 +432,6 @@ PERCEPTION: tuple[ParamSpec, ...] = (
         "str_list",
         check=unique_names,
     ),
-    ParamSpec("image_height", 224, "model image rows", "int", check=int_range(1, 4096)),
-    ParamSpec("image_width", 224, "model image columns", "int", check=int_range(1, 4096)),
     ParamSpec(
         "max_image_dim", 8192, "larger input images are rejected", "int", check=int_range(1, 65535)
     ),
@@ -447,7 +461,7 @@ FRAME_PICKUPS = ("newest", "on_arrival")  # inference's `frame_pickup` (engine_l
 
 INFERENCE: tuple[ParamSpec, ...] = (
     # engine
-    ParamSpec("model_preset", "tiny", "engine model preset", "str", check=one_of(*PRESET_NAMES)),
+    *MODEL_SHARED,
     ParamSpec(
         "state_extra_names",
         [],
@@ -557,6 +571,20 @@ INFERENCE: tuple[ParamSpec, ...] = (
         True,
         "compile every engine code path before the first frame",
         "bool",
+    ),
+    ParamSpec(
+        "autostart",
+        True,
+        "drive the lifecycle to active at start (configure: load and compile; activate: the "
+        "action stream); false: wait for a lifecycle manager (change_state)",
+        "bool",
+    ),
+    ParamSpec(
+        "configure_timeout_s",
+        600.0,
+        "configure fails when the engine has not loaded and compiled within this time",
+        "float",
+        check=float_range(1.0, 3600.0),
     ),
     ParamSpec(
         "max_pending_requests",

@@ -14,6 +14,8 @@ Invariants:
   costs no conversion when it uses each camera's newest image); the converted image of each
   camera's newest use is kept, so an image is converted once unless a frame goes back to an
   older one. Frames carry only converted images.
+- The model resolution is `model_preset`'s `image_resolution` (the parameter the inference
+  node builds its engine from), never a size of its own: the only images inference accepts.
 - Frames follow `Fuser.fuse`: no frame while the joint state or every camera is stale/absent;
   a frame with a configured camera masked counts `masked.<camera>`, a tick without a frame
   `skipped.<reason>`. With `frame_trigger: joint_state` the timer still ticks at
@@ -42,6 +44,7 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.node import Node
 from sensor_msgs.msg import Image, JointState
 
+from oxygen_ros.engine.config import get_model_config
 from oxygen_ros.msg import ObservationFrame
 from oxygen_ros.nodes import params as P
 from oxygen_ros.nodes.conversions import observation_frame_msg, time_to_seconds
@@ -111,7 +114,7 @@ class PerceptionNode(Node):
             from oxygen_ros.perception.workcell_cubes import CubeState  # MuJoCo: only if used
 
             self._cube_state = CubeState()
-        self._out_size = (p["image_height"], p["image_width"])
+        self._out_size = get_model_config(p["model_preset"]).image_resolution  # (rows, cols)
         self._converted: dict[str, tuple[float, np.ndarray]] = {}  # camera -> (stamp, image)
         self.counters: collections.Counter[str] = collections.Counter()
         self._throttle = ReasonThrottle(THROTTLE_S)  # per rejection / skip reason

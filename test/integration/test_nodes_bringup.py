@@ -105,7 +105,8 @@ def test_namespaced_bringup_applies_each_nodes_yaml_section_and_the_overrides(
     """`namespace:=robot1`: every node lives under /robot1, reads its own `/**/<node>` YAML
     section (non-default values here, read back over each node's parameter service) and the
     launch overrides (the YAML asks for model_preset pi05, which cannot start here; the
-    `model_preset:=tiny` argument must win for any action to flow)."""
+    `model_preset:=tiny` argument must win, in perception and inference alike, for any action
+    to flow)."""
     from rcl_interfaces.srv import GetParameters
     from rclpy.parameter import parameter_value_to_python
 
@@ -123,7 +124,7 @@ def test_namespaced_bringup_applies_each_nodes_yaml_section_and_the_overrides(
         for name, value in values.items():  # each value differs from the shipped YAML's
             assert graph.node_parameters(defaults, node)[name] != value
         data[f"/**/{node}"]["ros__parameters"].update(values)
-    data["/**/inference"]["ros__parameters"]["model_preset"] = "pi05"
+    data["/**"]["ros__parameters"]["model_preset"] = "pi05"
     path = tmp_path / "namespaced.yaml"
     path.write_text(yaml.safe_dump(data))
     deep = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE)
@@ -142,6 +143,7 @@ def test_namespaced_bringup_applies_each_nodes_yaml_section_and_the_overrides(
     )
     wait_for(lambda: len(actions) >= 60 or not proc.alive(), 240, "actions on /robot1", poll_s=0.2)
     assert proc.alive(), proc.log()
+    expected["perception"]["model_preset"] = "tiny"
     expected["inference"]["model_preset"] = "tiny"
     for node, values in expected.items():
         client = ros_node.node.create_client(GetParameters, f"/robot1/{node}/get_parameters")

@@ -19,15 +19,24 @@ import pytest
 import yaml
 from diagnostic_msgs.msg import DiagnosticArray
 from harness import ProcessLauncher, SpinningNode, call_service, wait_for
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState, GetState
 from rcl_interfaces.srv import GetParameters, SetParameters
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
-from oxygen_ros.msg import ActionChunk, MemoryEntry, SpeechToken
+from oxygen_ros.msg import ActionChunk, MemoryEntry, ObservationFrame, SpeechToken
+from oxygen_ros.nodes.action_stream import HOLD_CHUNK_ID
 from oxygen_ros.nodes.conversions import action_chunk_rows, time_to_seconds, trajectory_points
-from oxygen_ros.nodes.runtime import LATCHED_QOS, RELIABLE_QOS, SPEECH_QOS, latched_qos
+from oxygen_ros.nodes.runtime import (
+    LATCHED_QOS,
+    OBSERVATION_QOS,
+    RELIABLE_QOS,
+    SPEECH_QOS,
+    latched_qos,
+)
 from oxygen_ros.nodes.trajectory_groups import trajectory_problems
 from oxygen_ros.srv import QueryMemory, RequestLanguage
 
@@ -471,3 +480,92 @@ def test_instructions_from_volatile_and_latched_publishers_count_once_and_stay_l
     late = graph.view.collect(String, "oxygen/current_instruction", LATCHED_QOS)
     wait_for(lambda: late, 15, "the current instruction, latched")
     assert late[-1].data == "stack the cups"
+
+
+def test_lifecycle_transitions_switch_the_action_stream(graph) -> None:
+    """The inference node restarted with autostart off: unconfigured and inactive publish no
+    action while the engine drops its chunks at the gate; activate starts the stream,
+    deactivate ends it with one hold of the measured pose, then silence; activate again
+    resumes; cleanup returns to unconfigured. The actions that flow while active are the
+    positive control of every "nothing published" below (the same subscription)."""
+    node = graph.view.node
+    change = node.create_client(ChangeState, "/inference/change_state")
+    get = node.create_client(GetState, "/inference/get_state")
+    frames: list[tuple[float, ObservationFrame]] = []
+    node.create_subscription(
+        ObservationFrame,
+        "oxygen/observation",
+        lambda m: frames.append((graph.now(), m)),
+        OBSERVATION_QOS,
+    )
+    diagnostics = graph.view.collect(DiagnosticArray, "/diagnostics", 50)
+
+    def value(key: str) -> str:
+        for array in reversed(list(diagnostics)):
+            for status in array.status:
+                if status.name == "oxygen_ros: inference":
+                    return {kv.key: kv.value for kv in status.values}.get(key, "")
+        return ""
+
+    def state() -> str:
+        return graph.call(get, GetState.Request()).current_state.label
+
+    def transition(transition_id: int, timeout_s: float = 15.0) -> None:
+        request = ChangeState.Request()
+        request.transition.id = transition_id
+        assert graph.call(change, request, timeout_s).success, graph.processes["inference"].log()
+
+    assert graph.processes["inference"].stop(timeout_s=20.0) == 0
+    diagnostics.clear()
+    graph.start(
+        "inference",
+        "oxygen_ros.nodes.inference_node",
+        [*inference_args(graph.db_path), "-p", "inference:autostart:=false"],
+    )
+    count = len(graph.actions)
+    # The new process's diagnostics (the old one's services may still be in the DDS graph).
+    wait_for(lambda: int(value("frames_unconfigured") or 0) >= 10, 120, "frames, unconfigured")
+    assert state() == "unconfigured"
+    assert value("lifecycle_state") == "unconfigured" and len(graph.actions) == count
+
+    transition(Transition.TRANSITION_CONFIGURE, ENGINE_START_TIMEOUT_S)  # returns compiled
+    assert state() == "inactive"
+    wait_for(
+        lambda: int(value("new_chunk_unpublished.inactive") or 0) >= 5,
+        60,
+        "chunks the engine made while inactive, dropped at the gate",
+    )
+    assert value("engine_state") == "ready" and len(graph.actions) == count
+
+    transition(Transition.TRANSITION_ACTIVATE)
+    assert state() == "active"
+    wait_for(lambda: len(graph.actions) > count + 70, 30, "actions once active", poll_s=0.1)
+
+    deactivated = graph.now()  # the hold may arrive before the service's reply
+    transition(Transition.TRANSITION_DEACTIVATE)
+    assert state() == "inactive"
+    before = int(value("new_chunk_unpublished.inactive") or 0)
+    wait_for(
+        lambda: int(value("new_chunk_unpublished.inactive") or 0) >= before + 5,
+        60,
+        "chunks dropped at the gate after deactivate",
+    )
+    after = [m for t, _, m in graph.actions if t >= deactivated]
+    holds = [m for m in after if m.chunk_id == HOLD_CHUNK_ID]
+    # Model messages sent before the gate closed may come first; the hold is the last.
+    assert len(holds) == 1 and after[-1] is holds[0], [(m.trigger, m.chunk_id) for m in after]
+    rows = action_chunk_rows(holds[0])
+    np.testing.assert_allclose(rows, np.repeat(rows[:1], len(rows), axis=0))  # one pose
+    # The measured pose: a recent frame's joint state (the rows follow the configured joints).
+    recent = [m for t, m in frames if deactivated - 3.0 <= t <= deactivated + 0.5]
+    order = [list(recent[0].joint_names).index(j) for j in JOINTS]
+    gaps = [np.abs(rows[0] - np.asarray(m.joint_positions)[order]).max() for m in recent]
+    assert min(gaps) < 1e-4, min(gaps)
+
+    count = len(graph.actions)
+    transition(Transition.TRANSITION_ACTIVATE)
+    wait_for(lambda: len(graph.actions) > count + 70, 30, "actions again", poll_s=0.1)
+    transition(Transition.TRANSITION_DEACTIVATE)
+    transition(Transition.TRANSITION_CLEANUP)
+    assert state() == "unconfigured"
+    wait_for(lambda: value("action_process") == "none", 15, "no action process after cleanup")

@@ -127,18 +127,11 @@ class FakeSensors:
         self.joint_pub.publish(joints)
 
 
-@pytest.fixture(params=["joint_state", "timer", "joint_state convert_on_arrival"])
-def perception(request, launcher, ros_node, tmp_path):
-    """The node with each `frame_trigger` (on each new joint snapshot, or on its timer), and
-    with images converted as they arrive."""
-    trigger, *convert = request.param.split()
+def start_perception(launcher, tmp_path, settings: dict[str, str]):
+    """The node with the YAML, the test's overrides and these perception `settings`."""
     override = tmp_path / "override.yaml"
-    override.write_text(
-        OVERRIDES
-        + f"    frame_trigger: {trigger}\n"
-        + f"    convert_on_arrival: {'true' if convert else 'false'}\n"
-    )
-    proc = launcher.start(
+    override.write_text(OVERRIDES + "".join(f"    {k}: {v}\n" for k, v in settings.items()))
+    return launcher.start(
         "oxygen_ros.nodes.perception_node",
         ros_args=[
             "--params-file",
@@ -149,6 +142,15 @@ def perception(request, launcher, ros_node, tmp_path):
             "__node:=perception",
         ],
     )
+
+
+@pytest.fixture(params=["joint_state", "timer", "joint_state convert_on_arrival"])
+def perception(request, launcher, ros_node, tmp_path):
+    """The node with each `frame_trigger` (on each new joint snapshot, or on its timer), and
+    with images converted as they arrive."""
+    trigger, *convert = request.param.split()
+    settings = {"frame_trigger": trigger, "convert_on_arrival": "true" if convert else "false"}
+    proc = start_perception(launcher, tmp_path, settings)
     frames = ros_node.collect(ObservationFrame, "t_observation", OBSERVATION_QOS)
     diags = ros_node.collect(DiagnosticArray, "/diagnostics", 10)
     sensors = FakeSensors(ros_node)
@@ -193,6 +195,29 @@ def test_frames_fuse_every_encoding_at_model_resolution(perception) -> None:
     sequences = [f.sequence for f in frames[start:]]
     assert sequences == sorted(sequences)
     assert proc.alive()
+
+
+def test_frames_are_at_the_model_presets_resolution(launcher, ros_node, tmp_path) -> None:
+    """The image size has one source, `model_preset` (the preset the inference node runs): with
+    `workcell` every image of a frame is 96 x 96, the size that preset's model sees (the
+    YAML's `tiny` gives the 224 x 224 checked above)."""
+    proc = start_perception(launcher, tmp_path, {"model_preset": "workcell"})
+    frames = ros_node.collect(ObservationFrame, "t_observation", OBSERVATION_QOS)
+    sensors = FakeSensors(ros_node)
+    try:
+        wait_for(
+            lambda: any(all(f.image_valid) for f in frames) or not proc.alive(),
+            30,
+            "a frame with every camera",
+        )
+    finally:
+        sensors.close()
+    assert proc.alive(), proc.log()
+    frame = next(f for f in frames if all(f.image_valid))
+    for image, (*_rest, colour) in zip(frame.images, CAMERAS.values(), strict=True):
+        rgb = image_msg_to_rgb(image)
+        assert rgb.shape == (96, 96, 3)
+        assert np.all(rgb[48, 48] == colour)
 
 
 def perception_ticks(diags) -> list[tuple[float, int, int]]:

@@ -173,6 +173,15 @@ def test_messages_apply_in_order_params_stream_and_hold_go_live(pair) -> None:
     assert first == pytest.approx((0.25, -0.2))
 
 
+def test_gate_messages_engage_and_release_stop_reasons_in_the_child(pair) -> None:
+    pair.link.set_stop("inactive", True)
+    pair.link.set_stop("canceled", True)
+    pair.link.set_stop("inactive", False)
+    assert pair.applied()["stopped_by"] == "canceled" and pair.pub.stops == {"canceled"}
+    pair.link.set_stop("canceled", False)
+    assert pair.applied()["stopped_by"] == ""
+
+
 def test_child_reports_reach_the_parents_callbacks(pair) -> None:
     bad = rows()
     bad[3, 0] = np.nan

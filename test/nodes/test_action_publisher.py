@@ -382,7 +382,7 @@ def test_estop_holds_at_once_drops_chunks_and_releases_from_the_hold() -> None:
         pub.service()
     assert len(rec.messages) == count
     values = pub.diagnostics()
-    assert values["estop"] == "engaged" and values["estop_engagements"] == 1
+    assert values["estop"] == "engaged" and values["stop_engagements.estop"] == 1
     assert values["action_ticks_empty.estop"] == 4
     assert values["new_chunk_unpublished.estop"] == 1
     pub.set_estop(True)  # engaged again: nothing new
@@ -393,6 +393,38 @@ def test_estop_holds_at_once_drops_chunks_and_releases_from_the_hold() -> None:
     assert trigger == TRIGGER_NEW_CHUNK and chunk_id == 1  # the dropped chunk never counted
     np.testing.assert_allclose(first, [0.5 - 0.1, -0.3], atol=1e-6)  # from the hold, 0.8 * dt
     assert pub.diagnostics()["estop"] == "released"
+
+
+def test_stop_reasons_overlap_one_hold_and_motion_only_when_all_are_released() -> None:
+    """Two reasons (lifecycle "inactive", then the e-stop): one hold at the first, none at the
+    second; releasing one of them keeps the stream silent, releasing both lets chunks through."""
+    pub, clock, rec, _, _ = make()
+    pub.set_hold_positions(np.array([0.2, -0.1]))
+    hand_off(pub, clock, value=0.1, latency=0.0)
+    pub.service()
+    assert [m[1] for m in rec.messages] == [TRIGGER_NEW_CHUNK]  # positive control
+    pub.set_stop("inactive", True)
+    pub.service()
+    _, trigger, chunk_id, _, first = rec.messages[-1]
+    assert (trigger, chunk_id) == (TRIGGER_TICK, HOLD_CHUNK_ID)
+    assert first == pytest.approx((0.2, -0.1))
+    count = len(rec.messages)
+    pub.set_estop(True)  # a second reason: no second hold
+    pub.service()
+    assert len(rec.messages) == count and pub.stops == {"inactive", "estop"}
+    pub.set_stop("inactive", False)  # the e-stop still holds everything back
+    hand_off(pub, clock, value=0.3, latency=0.0)
+    clock.t += PERIOD
+    pub.service()
+    assert len(rec.messages) == count
+    values = pub.diagnostics()
+    assert values["stopped_by"] == "estop" and values["new_chunk_unpublished.estop"] == 1
+    assert values["action_ticks_empty.estop"] == 1
+    assert values["stop_engagements.inactive"] == values["stop_engagements.estop"] == 1
+    pub.set_estop(False)
+    hand_off(pub, clock, value=0.2, latency=0.0)
+    pub.service()
+    assert rec.messages[-1][1] == TRIGGER_NEW_CHUNK and pub.diagnostics()["stopped_by"] == ""
 
 
 def test_trigger_constants_match_the_message() -> None:

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from oxygen_ros import graph
-from oxygen_ros.engine.config import get_model_config
+from oxygen_ros.engine.config import PRESET_NAMES, get_model_config
 from oxygen_ros.nodes import params as P
 from oxygen_ros.nodes.engine_bridge import build_engine_config
 from oxygen_ros.nodes.trajectory_groups import parse_groups
@@ -170,9 +170,21 @@ def test_workcell_profile_matches_the_simulated_robot() -> None:
     model = get_model_config(values["model_preset"])
     # A whole model chunk runs before the simulator calls it stale.
     assert sim["chunk_max_age_s"] > model.action_horizon * values["action_dt_s"]
-    # Perception hands the model its own resolution (no second resize in the engine).
-    perception = yaml_values("perception", "workcell")
-    assert (perception["image_height"], perception["image_width"]) == model.image_resolution
+
+
+@pytest.mark.parametrize("profile", list(PROFILE_NODES))
+def test_model_preset_is_set_once_for_perception_and_inference(profile: str) -> None:
+    """Perception converts images to the preset's resolution and inference accepts no other:
+    both declare the one `model_preset` spec and the YAML sets it in the shared section only,
+    so no node section can give the two different presets."""
+    data = load(profile)
+    assert data["/**"]["ros__parameters"]["model_preset"] in PRESET_NAMES
+    for section, body in data.items():
+        assert section == "/**" or "model_preset" not in body["ros__parameters"], section
+    for node in ("perception", "inference"):
+        specs, _camera = PROFILE_NODES[profile][node]
+        assert [s for s in specs if s.name == "model_preset"] == list(P.MODEL_SHARED), node
+    assert not any(s.name in ("image_height", "image_width") for s in P.PERCEPTION)
 
 
 def test_yaml_builds_a_valid_engine_config() -> None:
@@ -325,6 +337,18 @@ def test_descriptors_show_ranges_and_constraints_and_rclpy_enforces_them() -> No
         # Zero is inside the descriptor's closed range but not a rate: our check refuses it.
         zero = node.set_parameters([Parameter("action_rate_hz", value=0.0)])[0]
         assert not zero.successful and "rate" in zero.reason
+    finally:
+        node.destroy_node()
+        rclpy.shutdown(context=context)
+
+
+def test_perception_refuses_an_unknown_model_preset_at_start() -> None:
+    import rclpy
+
+    node, context = _node_with(["-p", "model_preset:=pi06"])
+    try:
+        with pytest.raises(P.ParameterError, match="model_preset"):
+            P.NodeParameters(node, P.SHARED + P.PERCEPTION)
     finally:
         node.destroy_node()
         rclpy.shutdown(context=context)
