@@ -49,6 +49,12 @@ Invariants (the units' docstrings hold the rest):
 - Instructions come from latched and volatile publishers alike (`instruction_intake`), each
   publication counted once; the one in use (after `default_instruction`, then every accepted
   one) is on `current_instruction_topic`, latched.
+- The `Instruct` action (`instruct_server`, `instruct_action`): the node is its host. A goal's
+  instruction is applied as a topic instruction is; cancel and the time limit engage a stop
+  reason of their own in the action gate ("canceled", "time_limit": a hold of the measured
+  pose, then silence) that the next instruction (goal or topic) releases, also across
+  cleanup/configure. Finished subtasks and narrations are its feedback; `task_status_topic`'s
+  `EpisodeStatus.success` rising ends a goal SUCCEEDED; deactivate and shutdown end it FAILED.
 - Test only: `fault_injection` (off by default) makes every frame raise after `Engine.step` or
   poisons its chunk with NaN, to exercise the fault paths over ROS.
 """
@@ -68,7 +74,7 @@ from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackRet
 from std_msgs.msg import String
 
 from oxygen_ros.engine.types import RequestKind, RequestOutput
-from oxygen_ros.msg import MemoryEntry, ObservationFrame, SpeechToken
+from oxygen_ros.msg import EpisodeStatus, MemoryEntry, ObservationFrame, SpeechToken
 from oxygen_ros.nodes import params as P
 from oxygen_ros.nodes.action_process import ActionProcess, ActionProcessConfig
 from oxygen_ros.nodes.action_publisher import PARAMETERS as ACTION_PARAMETERS
@@ -82,6 +88,7 @@ from oxygen_ros.nodes.conversions import (
 )
 from oxygen_ros.nodes.engine_bridge import LanguageQueue, RateMeter, build_engine_config
 from oxygen_ros.nodes.engine_loop import EngineLoop, FrameFormat, FrameInbox
+from oxygen_ros.nodes.instruct_server import HOLD_ON, InstructServer
 from oxygen_ros.nodes.instruction_intake import Deduplicator, message_key
 from oxygen_ros.nodes.memory_store import MemoryStore
 from oxygen_ros.nodes.request_book import Finished, RequestBook
@@ -106,6 +113,8 @@ ACTIONS_JOIN_S = 2.0  # at shutdown, how long the action process may take to exi
 GIL_SWITCH_INTERVAL_S = 0.0005
 INACTIVE = "inactive"  # the action gate's stop reason while the node is not active
 CONFIGURE_POLL_S = 0.1  # how often a waiting configure looks at the shutdown flag
+TASK_HOLDS = frozenset(status.name.lower() for status in HOLD_ON)  # Instruct's stop reasons
+FLUSH_S = 1.0  # at shutdown, how long Instruct results may take to reach their clients
 
 
 class InferenceNode(LifecycleNode):
@@ -149,6 +158,7 @@ class InferenceNode(LifecycleNode):
         self._finalized = False  # the shutdown transition ran: the spin ends
         self._active = False  # lifecycle active: the action gate is open
         self._subtask_due = False  # an instruction came while not active: ask at activate
+        self._holds: set[str] = set()  # Instruct's engaged stop reasons (kept over cleanup)
         # The units run between configure and cleanup; the lock guards their assignment.
         self._units_lock = threading.Lock()
         self._actions: ActionProcess | None = None
@@ -229,6 +239,21 @@ class InferenceNode(LifecycleNode):
             self._publish_diagnostics,
             callback_group=self._io_group,
         )
+        self._instruct = InstructServer(
+            self,
+            p["instruct_action"],
+            self,
+            callback_group=self._io_group,
+            max_chars=p["instruction_max_chars"],
+        )
+        if p["task_status_topic"]:
+            subscribe_latched_and_volatile(
+                self,
+                EpisodeStatus,
+                p["task_status_topic"],
+                lambda msg: self._instruct.on_task_status(msg.success),
+                callback_group=self._io_group,
+            )
         self.params.add_listener(self._on_params)
 
         self._republish_memory()
@@ -321,6 +346,7 @@ class InferenceNode(LifecycleNode):
             actions.link.set_stop(INACTIVE, True)  # the hold, then silence
         for kind in RequestKind:
             self._book.supersede(kind, "node deactivated")
+        self._instruct.abort_all("node deactivated")
         self._inbox.wake()
         self.get_logger().info("inactive: action stream stopped with a hold")
         return super().on_deactivate(state)
@@ -368,6 +394,8 @@ class InferenceNode(LifecycleNode):
             on_ready=self._on_actions_ready,
         )
         self._actions.link.set_stop(INACTIVE, True)  # before any chunk can arrive
+        for reason in self._holds:  # a canceled task still holds after cleanup/configure
+            self._actions.link.set_stop(reason, True)
         clock = self._now
 
         def engine_factory():
@@ -512,6 +540,13 @@ class InferenceNode(LifecycleNode):
             if "\ufffd" not in msg.data:
                 self._reject("instruction_empty", "empty instruction ignored")
             return
+        self._instruct.on_topic_instruction()  # it replaces a running goal's instruction
+        self._apply_instruction(text)
+
+    def _apply_instruction(self, text: str) -> None:
+        """Makes `text` the prompt (topic or Instruct goal): published latched, a subtask
+        request for it (at activate when not active), Instruct's holds released."""
+        self._release_holds()
         self._inbox.set_prompt(text)
         self._instruction_pub.publish(String(data=text))
         self.counters["instructions"] += 1
@@ -522,6 +557,31 @@ class InferenceNode(LifecycleNode):
             self.get_logger().info(f"instruction: {text!r} (node {self._lifecycle_state()})")
             return
         self.get_logger().info(f"instruction: {text!r} ({self._request_subtask()})")
+
+    # ================================================================ Instruct host
+    def accepting(self) -> str:
+        """Why Instruct goals are refused now ("" while active)."""
+        return "" if self._active else f"node not active ({self._lifecycle_state()})"
+
+    def start_instruction(self, text: str) -> str:
+        """An accepted Instruct goal's instruction (already checked by the server)."""
+        self._apply_instruction(text)
+        return ""
+
+    def hold(self, reason: str) -> None:
+        """Instruct ended by cancel or time limit: a hold of the measured pose, then silence
+        until the next instruction."""
+        self._holds.add(reason)
+        actions = self._actions
+        if actions is not None:
+            actions.link.set_stop(reason, True)
+
+    def _release_holds(self) -> None:
+        actions = self._actions
+        for reason in TASK_HOLDS:
+            self._holds.discard(reason)
+            if actions is not None:
+                actions.link.set_stop(reason, False)
 
     def _request_subtask(self) -> str:
         """Queues a subtask request of the current prompt; returns its id or 'refused'."""
@@ -606,6 +666,8 @@ class InferenceNode(LifecycleNode):
     def _on_finished(self, finished: Finished) -> None:
         """Engine thread: a request the engine reported finished (its final is sent)."""
         output = finished.output
+        if finished.succeeded and output.kind in (RequestKind.SUBTASK, RequestKind.NARRATION):
+            self._instruct.on_speech(output.kind.value, output.text or "", finished.prompt)
         if not finished.succeeded:
             self.counters[f"requests_{output.status.name.lower()}"] += 1
             self.get_logger().warning(
@@ -683,6 +745,8 @@ class InferenceNode(LifecycleNode):
             "cache_occupancy": self._cache_occupancy(),
             "memory_entries_total": self._store.last_id(),
             "prompt": self._inbox.prompt,
+            "instruct_goal": self._instruct.instruction,
+            "task_holds": ",".join(sorted(self._holds)),
             "fault_injection": self.params["fault_injection"],
             "stats_window_s": self.params["stats_window_s"],
         }
@@ -690,6 +754,9 @@ class InferenceNode(LifecycleNode):
             values.update(engine.diagnostics())
         values.update(actions)
         counters = self.counters + self._book.counters
+        counters += collections.Counter(
+            {f"instruct.{k}": v for k, v in self._instruct.counters.items()}
+        )
         counters += engine.counters if engine is not None else collections.Counter()
         values.update(sorted(counters.items()))
         publish_status(self, self._diag_pub, level, message, values)
@@ -709,6 +776,9 @@ class InferenceNode(LifecycleNode):
         for timer in timers:
             timer.cancel()
         self._closing = True
+        self._instruct.abort_all("node shutting down")
+        if not self._instruct.flush(FLUSH_S):  # after the spin loop: results still go out
+            self.get_logger().warning("Instruct results not all sent before shutdown")
         self._stop_units("node shutting down")
         self._store.close()
 

@@ -813,6 +813,22 @@ INFERENCE: tuple[ParamSpec, ...] = (
         "str",
         check=topic_name,
     ),
+    ParamSpec(
+        "instruct_action",
+        "oxygen/instruct",
+        "oxygen_ros/action/Instruct server: an instruction run as a task (feedback, result, "
+        "time limit, cancel holds)",
+        "str",
+        check=topic_name,
+    ),
+    ParamSpec(
+        "task_status_topic",
+        "",
+        "oxygen_ros/EpisodeStatus topic whose success, rising while an Instruct goal runs, "
+        "ends it SUCCEEDED ('' = none: goals end by time limit, cancel or a newer one)",
+        "str",
+        check=lambda v: None if v == "" else topic_name(v),
+    ),
     ParamSpec("speech_topic", "oxygen/speech", "SpeechToken topic", "str", check=topic_name),
     ParamSpec("memory_topic", "oxygen/memory", "MemoryEntry topic", "str", check=topic_name),
     ParamSpec(

@@ -17,16 +17,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from action_msgs.msg import GoalStatus
+from builtin_interfaces.msg import Duration
 from diagnostic_msgs.msg import DiagnosticArray
 from harness import ProcessLauncher, SpinningNode, call_service, wait_for
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
 from rcl_interfaces.srv import GetParameters, SetParameters
+from rclpy.action import ActionClient
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
+from oxygen_ros.action import Instruct
 from oxygen_ros.msg import ActionChunk, MemoryEntry, ObservationFrame, SpeechToken
 from oxygen_ros.nodes.action_stream import HOLD_CHUNK_ID
 from oxygen_ros.nodes.conversions import action_chunk_rows, time_to_seconds, trajectory_points
@@ -482,6 +486,89 @@ def test_instructions_from_volatile_and_latched_publishers_count_once_and_stay_l
     assert late[-1].data == "stack the cups"
 
 
+def inference_value(diagnostics, key: str) -> str:
+    """`key` in the newest inference status of the collected /diagnostics ("" if none)."""
+    for array in reversed(list(diagnostics)):
+        for status in array.status:
+            if status.name == "oxygen_ros: inference":
+                return {kv.key: kv.value for kv in status.values}.get(key, "")
+    return ""
+
+
+def test_instruct_goal_feedback_cancel_holds_and_a_time_limit_ends_it(graph) -> None:
+    """The Instruct action on the real node: feedback carries the model's finished words for
+    the goal's instruction; cancel ends it CANCELED with one hold of the measured pose, then no
+    action while the engine's chunks are dropped at the gate; the next goal moves the robot
+    again (the positive control of that silence) and its time limit ends it ABORTED with
+    STATUS_TIME_LIMIT, holding again."""
+    node = graph.view.node
+    client = ActionClient(node, Instruct, "oxygen/instruct")
+    assert client.wait_for_server(timeout_sec=30.0)
+    diagnostics = graph.view.collect(DiagnosticArray, "/diagnostics", 50)
+    feedback: list[Instruct.Feedback] = []
+
+    def send(goal: Instruct.Goal):
+        sent = client.send_goal_async(
+            goal, feedback_callback=lambda m: feedback.append(m.feedback)
+        )
+        wait_for(sent.done, 15, "the goal's acceptance")
+        handle = sent.result()
+        assert handle.accepted
+        return handle
+
+    def dropped(reason: str) -> int:
+        return int(inference_value(diagnostics, f"new_chunk_unpublished.{reason}") or 0)
+
+    started = graph.now()
+    speech_before = len(graph.speech)
+    handle = send(Instruct.Goal(instruction="put the red cup on the shelf"))
+    wait_for(lambda: feedback, 60, "Instruct feedback")
+    first = feedback[0]
+    spoken = {
+        (SpeechToken.KIND_SUBTASK, first.subtask),
+        (SpeechToken.KIND_NARRATION, first.narration),
+    }
+
+    def finals() -> set[tuple[int, str]]:
+        return {
+            (m.kind, m.text)
+            for _, m in graph.speech[speech_before:]
+            if m.final and m.status in (SpeechToken.STATUS_STOPPED, SpeechToken.STATUS_LENGTH)
+        }
+
+    # The words are a finished request's, as /oxygen/speech carries them (which may arrive
+    # after the feedback: another topic).
+    wait_for(lambda: spoken & finals(), 15, lambda: f"{first} among {finals()}")
+    assert time_to_seconds(first.elapsed) <= graph.now() - started + 0.5
+
+    canceled_at = graph.now()
+    before = dropped("canceled")
+    cancel = handle.cancel_goal_async()
+    wait_for(cancel.done, 15, "the cancel reply")
+    result = handle.get_result_async()
+    wait_for(result.done, 15, "the canceled goal's result")
+    assert result.result().status == GoalStatus.STATUS_CANCELED
+    assert result.result().result.status == Instruct.Result.STATUS_CANCELED
+    wait_for(lambda: dropped("canceled") >= before + 5, 60, "chunks dropped after the cancel")
+    after = [m for t, _, m in graph.actions if t >= canceled_at]
+    holds = [m for m in after if m.chunk_id == HOLD_CHUNK_ID]
+    assert len(holds) == 1 and after[-1] is holds[0], [(m.trigger, m.chunk_id) for m in after]
+    assert inference_value(diagnostics, "task_holds") == "canceled"
+
+    count = len(graph.actions)
+    limited = send(Instruct.Goal(instruction="wipe the table", time_limit=Duration(sec=3)))
+    wait_for(lambda: len(graph.actions) > count + 70, 30, "actions for the next goal", 0.1)
+    result = limited.get_result_async()
+    wait_for(result.done, 30, "the time-limited goal's result")
+    assert result.result().status == GoalStatus.STATUS_ABORTED
+    ended = result.result().result
+    assert ended.status == Instruct.Result.STATUS_TIME_LIMIT, ended
+    assert 3.0 <= time_to_seconds(ended.elapsed) < 4.0, ended.elapsed
+    wait_for(lambda: inference_value(diagnostics, "task_holds") == "time_limit", 15, "a hold")
+    graph.instruction_pub.publish(String(data="stack the cups"))  # releases the hold
+    wait_for(lambda: inference_value(diagnostics, "task_holds") == "", 15, "the hold released")
+
+
 def test_lifecycle_transitions_switch_the_action_stream(graph) -> None:
     """The inference node restarted with autostart off: unconfigured and inactive publish no
     action while the engine drops its chunks at the gate; activate starts the stream,
@@ -501,11 +588,7 @@ def test_lifecycle_transitions_switch_the_action_stream(graph) -> None:
     diagnostics = graph.view.collect(DiagnosticArray, "/diagnostics", 50)
 
     def value(key: str) -> str:
-        for array in reversed(list(diagnostics)):
-            for status in array.status:
-                if status.name == "oxygen_ros: inference":
-                    return {kv.key: kv.value for kv in status.values}.get(key, "")
-        return ""
+        return inference_value(diagnostics, key)
 
     def state() -> str:
         return graph.call(get, GetState.Request()).current_state.label
@@ -556,10 +639,16 @@ def test_lifecycle_transitions_switch_the_action_stream(graph) -> None:
     assert len(holds) == 1 and after[-1] is holds[0], [(m.trigger, m.chunk_id) for m in after]
     rows = action_chunk_rows(holds[0])
     np.testing.assert_allclose(rows, np.repeat(rows[:1], len(rows), axis=0))  # one pose
-    # The measured pose: a recent frame's joint state (the rows follow the configured joints).
+    # The measured pose: a recent frame's joint state (the rows follow the configured joints),
+    # within the position limits (the hold passes the same clamps as every chunk).
+    section = yaml.safe_load(PARAMS.read_text())["/**/inference"]["ros__parameters"]
+    lower, upper = section["joint_position_lower"], section["joint_position_upper"]
     recent = [m for t, m in frames if deactivated - 3.0 <= t <= deactivated + 0.5]
     order = [list(recent[0].joint_names).index(j) for j in JOINTS]
-    gaps = [np.abs(rows[0] - np.asarray(m.joint_positions)[order]).max() for m in recent]
+    gaps = [
+        np.abs(rows[0] - np.clip(np.asarray(m.joint_positions)[order], lower, upper)).max()
+        for m in recent
+    ]
     assert min(gaps) < 1e-4, min(gaps)
 
     count = len(graph.actions)
