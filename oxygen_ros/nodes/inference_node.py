@@ -88,7 +88,7 @@ from oxygen_ros.nodes.conversions import (
 )
 from oxygen_ros.nodes.engine_bridge import LanguageQueue, RateMeter, build_engine_config
 from oxygen_ros.nodes.engine_loop import EngineLoop, FrameFormat, FrameInbox
-from oxygen_ros.nodes.instruct_server import HOLD_ON, InstructServer
+from oxygen_ros.nodes.instruct_server import InstructServer
 from oxygen_ros.nodes.instruction_intake import Deduplicator, message_key
 from oxygen_ros.nodes.memory_store import MemoryStore
 from oxygen_ros.nodes.request_book import Finished, RequestBook
@@ -113,7 +113,6 @@ ACTIONS_JOIN_S = 2.0  # at shutdown, how long the action process may take to exi
 GIL_SWITCH_INTERVAL_S = 0.0005
 INACTIVE = "inactive"  # the action gate's stop reason while the node is not active
 CONFIGURE_POLL_S = 0.1  # how often a waiting configure looks at the shutdown flag
-TASK_HOLDS = frozenset(status.name.lower() for status in HOLD_ON)  # Instruct's stop reasons
 FLUSH_S = 1.0  # at shutdown, how long Instruct results may take to reach their clients
 
 
@@ -577,11 +576,12 @@ class InferenceNode(LifecycleNode):
             actions.link.set_stop(reason, True)
 
     def _release_holds(self) -> None:
+        """Releases the stop reasons `hold` engaged (the gate has no others of Instruct's)."""
         actions = self._actions
-        for reason in TASK_HOLDS:
-            self._holds.discard(reason)
-            if actions is not None:
+        if actions is not None:
+            for reason in self._holds:
                 actions.link.set_stop(reason, False)
+        self._holds.clear()
 
     def _request_subtask(self) -> str:
         """Queues a subtask request of the current prompt; returns its id or 'refused'."""
@@ -707,8 +707,7 @@ class InferenceNode(LifecycleNode):
         link = units.link if units is not None else None
         actions = link.diagnostics() if link is not None and link.ready.is_set() else None
         if actions is None:  # none, starting, or not answering (gone: the spin loop ends then)
-            process = "silent" if link is not None and link.ready.is_set() else "starting"
-            process = process if link is not None else "none"
+            process = "none" if link is None else "silent" if link.ready.is_set() else "starting"
             actions = {"action_rate_hz": 0.0, "watchdog": "unknown", "action_process": process}
         rate = actions["action_rate_hz"]
         target = self.params["action_rate_hz"]
@@ -757,7 +756,8 @@ class InferenceNode(LifecycleNode):
         counters += collections.Counter(
             {f"instruct.{k}": v for k, v in self._instruct.counters.items()}
         )
-        counters += engine.counters if engine is not None else collections.Counter()
+        if engine is not None:
+            counters += engine.counters
         values.update(sorted(counters.items()))
         publish_status(self, self._diag_pub, level, message, values)
 

@@ -172,6 +172,20 @@ class Graph:
         return any(m.final for m in self.speech_of(request_id))
 
 
+def inference_values(diagnostics) -> dict[str, str]:
+    """The newest inference status of the collected /diagnostics ({} if none yet)."""
+    for array in reversed(list(diagnostics)):
+        for status in array.status:
+            if status.name == "oxygen_ros: inference":
+                return {kv.key: kv.value for kv in status.values}
+    return {}
+
+
+def inference_value(diagnostics, key: str) -> str:
+    """`key` in the newest inference status ("" if none)."""
+    return inference_values(diagnostics).get(key, "")
+
+
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("graph")
@@ -454,15 +468,13 @@ def test_instructions_from_volatile_and_latched_publishers_count_once_and_stay_l
     diagnostics = graph.view.collect(DiagnosticArray, "/diagnostics", 50)
 
     def counters() -> dict[str, int]:
-        for array in reversed(list(diagnostics)):
-            for status in array.status:
-                if status.name == "oxygen_ros: inference":
-                    values = {kv.key: kv.value for kv in status.values}
-                    return {
-                        "instructions": int(values.get("instructions", 0)),
-                        "duplicates": int(values.get("instruction_duplicates", 0)),
-                    }
-        return {}
+        values = inference_values(diagnostics)
+        if not values:
+            return {}
+        return {
+            "instructions": int(values.get("instructions", 0)),
+            "duplicates": int(values.get("instruction_duplicates", 0)),
+        }
 
     wait_for(lambda: counters(), 15, "the inference node's diagnostics")
     volatile = graph.view.node.create_publisher(String, "oxygen/instruction", 10)
@@ -484,15 +496,6 @@ def test_instructions_from_volatile_and_latched_publishers_count_once_and_stay_l
     late = graph.view.collect(String, "oxygen/current_instruction", LATCHED_QOS)
     wait_for(lambda: late, 15, "the current instruction, latched")
     assert late[-1].data == "stack the cups"
-
-
-def inference_value(diagnostics, key: str) -> str:
-    """`key` in the newest inference status of the collected /diagnostics ("" if none)."""
-    for array in reversed(list(diagnostics)):
-        for status in array.status:
-            if status.name == "oxygen_ros: inference":
-                return {kv.key: kv.value for kv in status.values}.get(key, "")
-    return ""
 
 
 def test_instruct_goal_feedback_cancel_holds_and_a_time_limit_ends_it(graph) -> None:
