@@ -255,3 +255,21 @@ def test_the_bound_charges_each_admission_the_extend_width_the_runner_uses(oxyge
     assert bound(frame(10, 2), components) == pytest.approx(actions + 0.008 + 0.002)  # 8 + 2
     assert bound(frame(3, 3), components) == pytest.approx(actions + 3 * 0.001)  # one by one
     assert bound(frame(3, 1, "drain"), components) == pytest.approx(0.004)  # language only
+
+
+def test_state_probe_reads_chunks_in_the_models_action_space() -> None:
+    """Delta checkpoints: the state comes off the masked joints, so a model that ignores the
+    state shows 0 there and one that keeps the target shows -shift; absolute: unchanged."""
+    probe = _load("state_probe")
+    state = np.arange(14, dtype=np.float64)
+    chunk = np.tile(state + 1.0, (3, 1))
+    mask = (True,) * 6 + (False,) + (True,) * 6 + (False,)
+    out = probe.model_space(chunk, state, mask)
+    np.testing.assert_allclose(out[:, 0], 1.0)  # delta on an arm joint
+    np.testing.assert_allclose(out[:, 6], state[6] + 1.0)  # gripper stays absolute
+    np.testing.assert_array_equal(probe.model_space(chunk, state, ()), chunk)
+    shifted = state.copy()
+    shifted[2] += 0.2
+    # Same absolute chunk for a shifted state (the target kept): response -1 on that joint.
+    response = (probe.model_space(chunk, shifted, mask) - out)[-1, 2] / 0.2
+    assert response == pytest.approx(-1.0)

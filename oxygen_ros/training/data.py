@@ -162,6 +162,25 @@ def load_episodes(
     )
 
 
+def merge_episodes(parts: Sequence[Episodes]) -> Episodes:
+    """Concatenates several `Episodes` (for example one per worker process) into one, in
+    order; episode indices are renumbered into the merged `specs`."""
+    if not parts:
+        raise ValueError("no episodes to merge")
+    offsets = np.cumsum([0] + [len(p.specs) for p in parts[:-1]])
+    return Episodes(
+        images={k: np.concatenate([p.images[k] for p in parts]) for k in parts[0].images},
+        state=np.concatenate([p.state for p in parts]),
+        actions=np.concatenate([p.actions for p in parts]),
+        episode=np.concatenate(
+            [p.episode + np.int32(offset) for p, offset in zip(parts, offsets, strict=True)]
+        ),
+        stage=np.concatenate([p.stage for p in parts]),
+        specs=[spec for p in parts for spec in p.specs],
+        seeds=[seed for p in parts for seed in p.seeds],
+    )
+
+
 def observe(
     workcell: Workcell,
     instruction: str,

@@ -64,6 +64,7 @@ from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, TOKENIZER_FILE, 
 from oxygen_ros.engine.types import RequestKind
 from oxygen_ros.sim import recorder, robot
 from oxygen_ros.training import data as _data
+from oxygen_ros.training import fresh_demos
 from oxygen_ros.training import loss as _loss
 
 logger = logging.getLogger("oxygen_ros.training")
@@ -97,6 +98,9 @@ class TrainConfig:
     state_dropout: float = 0.0  # fraction of samples whose prompt carries the home state
     object_state: bool = False  # state = joints + the cube detector's cube positions
     delta_actions: bool = False  # arm joints relative to the state (_data.DELTA_ACTION_MASK)
+    image_dropout: float = 0.0  # fraction of samples whose camera images are all masked out
+    device_data: bool = False  # keep the training samples on the accelerator, gather there
+    time_budget_s: float = 0.0  # > 0: end (evaluate, save) once training has run this long
 
     def __post_init__(self) -> None:
         if self.steps < 2 or self.batch_size < 1 or self.eval_every < 1:
@@ -116,6 +120,12 @@ class TrainConfig:
             raise ValueError("object_state needs the workcell_objects preset (a longer prompt)")
         if not 0 < self.end_lr <= self.peak_lr:
             raise ValueError("need 0 < end_lr <= peak_lr")
+        if self.device_data and self.state_dropout > 0:
+            raise ValueError("state dropout swaps prompts on the host: not with device_data")
+        if not 0.0 <= self.image_dropout <= 1.0:
+            raise ValueError("need 0 <= image_dropout <= 1")
+        if self.time_budget_s < 0:
+            raise ValueError("need time_budget_s >= 0")
 
 
 def _embedding_leaf(model: Pi05Model) -> int:
@@ -279,6 +289,40 @@ def to_batch(rows: dict, image_keys: Sequence[str]) -> _loss.Batch:
         lang_labels=jnp.asarray(rows["lang_labels"]),
         lang_loss_mask=jnp.asarray(rows["lang_loss_mask"]),
     )
+
+
+_ROW_FIELDS = (
+    "tokens", "token_mask", "actions", "lang_tokens", "lang_mask", "lang_segment",
+    "lang_index", "lang_labels", "lang_loss_mask",
+)  # fmt: skip
+
+
+class DeviceSamples:
+    """The training samples' batch arrays resident on the default device; `batch(index)`
+    gathers rows there (only the indices cross from the host), then converts them exactly
+    as `to_batch` does on the host."""
+
+    def __init__(self, samples: _data.Samples, image_keys: Sequence[str]) -> None:
+        self._image_keys = tuple(image_keys)
+        self._images = {k: jax.device_put(samples.images[k]) for k in self._image_keys}
+        self._rows = {name: jax.device_put(getattr(samples, name)) for name in _ROW_FIELDS}
+        self._gather = jax.jit(self._take)
+
+    def _take(self, images, rows, index) -> _loss.Batch:
+        taken = {name: value[index] for name, value in rows.items()}
+        taken["images"] = {k: v[index] for k, v in images.items()}
+        return to_batch(taken, self._image_keys)
+
+    def batch(self, index: np.ndarray) -> _loss.Batch:
+        return self._gather(self._images, self._rows, jnp.asarray(index, jnp.int32))
+
+
+def drop_images(batch: _loss.Batch, keep: np.ndarray) -> _loss.Batch:
+    """Image dropout: rows where `keep` is false have every camera masked out (their image
+    tokens are padding that nothing attends to, as for a missing camera at run time), so the
+    instruction and the state in the prompt are all those rows show."""
+    masks = {k: jnp.logical_and(v, jnp.asarray(keep)) for k, v in batch.image_masks.items()}
+    return batch._replace(image_masks=masks)
 
 
 def sampling_weights(step: np.ndarray, early_steps: int, early_weight: float) -> np.ndarray:
@@ -492,8 +536,23 @@ def plot_curves(records: list[dict], path: pathlib.Path) -> None:
     plt.close(fig)
 
 
-def train(config: TrainConfig) -> dict:
-    """Runs the whole training; returns the final metrics."""
+def load_split(config: TrainConfig) -> tuple[_data.Episodes, _data.Episodes]:
+    """(train, held-out) episodes of `config.data_dir` (held-out: the highest seeds)."""
+    model_config = get_model_config(config.preset)
+    paths = [p for d in config.data_dir.split(",") for p in recorder.list_episodes(d)]
+    train_paths, heldout_paths = split_episodes(paths, config.heldout)
+    train_eps = _data.load_episodes(train_paths, model_config, object_state=config.object_state)
+    heldout_eps = _data.load_episodes(
+        heldout_paths, model_config, object_state=config.object_state
+    )
+    return train_eps, heldout_eps
+
+
+def train(
+    config: TrainConfig, episodes: tuple[_data.Episodes, _data.Episodes] | None = None
+) -> dict:
+    """Runs the whole training; returns the final metrics. `episodes`: (train, held-out)
+    arrays already loaded (for example by `fresh_demos`); by default `load_split(config)`."""
     from tqdm import tqdm
 
     out_dir = pathlib.Path(config.out_dir)
@@ -502,13 +561,8 @@ def train(config: TrainConfig) -> dict:
     prompt = PromptConfig()
     norm = NormConfig()
     tokenizer = Tokenizer(config.tokenizer_path)
-    paths = [p for d in config.data_dir.split(",") for p in recorder.list_episodes(d)]
-    train_paths, heldout_paths = split_episodes(paths, config.heldout)
     started = time.monotonic()
-    train_eps = _data.load_episodes(train_paths, model_config, object_state=config.object_state)
-    heldout_eps = _data.load_episodes(
-        heldout_paths, model_config, object_state=config.object_state
-    )
+    train_eps, heldout_eps = episodes if episodes is not None else load_split(config)
     delta_mask = _data.DELTA_ACTION_MASK if config.delta_actions else ()
     for episodes in (train_eps, heldout_eps):
         episodes.actions = Normalizer.relative_actions(
@@ -551,16 +605,31 @@ def train(config: TrainConfig) -> dict:
     (out_dir / "run.json").write_text(json.dumps(run, indent=1))
     bar = tqdm(range(1, config.steps + 1), desc="train", mininterval=5.0)
     weights = sampling_weights(train_samples.step, config.early_steps, config.early_weight)
+    on_device = (
+        DeviceSamples(train_samples, model_config.image_keys) if config.device_data else None
+    )
     train_started = time.monotonic()
     for step in bar:
-        index = rng.choice(len(train_samples), size=config.batch_size, replace=False, p=weights)
-        rows = train_samples.take(np.sort(index))
-        if config.state_dropout > 0:
-            rows = _data.drop_state(rows, rng.random(config.batch_size) < config.state_dropout)
-        batch = to_batch(rows, model_config.image_keys)
+        index = np.sort(
+            rng.choice(len(train_samples), size=config.batch_size, replace=False, p=weights)
+        )
+        if on_device is not None:
+            batch = on_device.batch(index)
+        else:
+            rows = train_samples.take(index)
+            if config.state_dropout > 0:
+                drop = rng.random(config.batch_size) < config.state_dropout
+                rows = _data.drop_state(rows, drop)
+            batch = to_batch(rows, model_config.image_keys)
+        if config.image_dropout > 0:
+            batch = drop_images(batch, rng.random(config.batch_size) >= config.image_dropout)
         metrics = trainer.step(jax.random.fold_in(key, step), batch)
         record = {"step": step, "lr": float(trainer.schedule(step - 1)), **metrics}
-        if step % config.eval_every == 0 or step == config.steps:
+        record["time_s"] = time.monotonic() - train_started
+        out_of_time = (
+            config.time_budget_s > 0 and time.monotonic() - train_started > config.time_budget_s
+        )
+        if step % config.eval_every == 0 or step == config.steps or out_of_time:
             record.update(
                 evaluate(
                     trainer,
@@ -600,10 +669,25 @@ def train(config: TrainConfig) -> dict:
         bar.set_postfix(
             loss=f"{metrics['loss']:.4f}", act=f"{metrics['action_loss']:.4f}", refresh=False
         )
+        if out_of_time:
+            logger.info("time budget of %.0f s reached at step %d", config.time_budget_s, step)
+            break
     final = dict(records[-1])
     final["train_wall_s"] = time.monotonic() - train_started
     (out_dir / "final_metrics.json").write_text(json.dumps(final, indent=1))
     return final
+
+
+def fit_to_deadline(config: TrainConfig, left_s: float, step_time_s: float) -> TrainConfig:
+    """`config` with at most as many steps as fit in `left_s` seconds at `step_time_s` each,
+    keeping about 15 % of the time (at least a minute) for compiling and evaluating, and a
+    time budget 30 s short of `left_s` as the guard if the step time was optimistic."""
+    fit = int(max(left_s - max(60.0, 0.15 * left_s), 0.0) / step_time_s)
+    if fit < 2:
+        raise ValueError(f"no time left to train: {left_s:.0f} s at {step_time_s} s a step")
+    return dataclasses.replace(
+        config, steps=min(config.steps, fit), time_budget_s=max(left_s - 30.0, 1.0)
+    )
 
 
 def engine_config(
@@ -622,9 +706,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     parser.add_argument(
-        "--data", required=True, help="directory of recorded HDF5 episodes (several: a,b)"
+        "--data", default="", help="directory of recorded HDF5 episodes (several: a,b)"
     )
     parser.add_argument("--out", required=True, help="checkpoint / log directory")
+    parser.add_argument(
+        "--generate",
+        action="append",
+        default=[],
+        metavar="START:COUNT[:NOISE_RAD]",
+        help="instead of --data: generate these seeds' demonstrations in memory "
+        "(training/fresh_demos.py); repeatable",
+    )
+    parser.add_argument(
+        "--generate-heldout",
+        default="",
+        metavar="START:COUNT",
+        help="with --generate: the held-out episodes' seeds (--heldout is then ignored)",
+    )
+    parser.add_argument("--workers", type=int, default=1, help="with --generate: worker processes")
+    parser.add_argument(
+        "--deadline-unix",
+        type=float,
+        default=0.0,
+        help="with --step-time-s: once the data is ready, lower --steps so that the schedule "
+        "ends by this wall-clock time (seconds since the epoch; the steps used are in run.json)",
+    )
+    parser.add_argument(
+        "--step-time-s", type=float, default=0.0, help="measured seconds per training step"
+    )
     for name, field in fields.items():
         if name in ("data_dir", "out_dir"):
             continue
@@ -635,11 +744,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             kind = {"int": int, "float": float, "str": str}[str(field.type)]
             parser.add_argument(flag, type=kind, default=field.default)
     args = vars(parser.parse_args(argv))
+    generate = [fresh_demos.DemoSet.parse(t) for t in args.pop("generate")]
+    heldout_set = args.pop("generate_heldout")
+    workers = args.pop("workers")
+    deadline, step_time = args.pop("deadline_unix"), args.pop("step_time_s")
+    if bool(generate) == bool(args["data"]) or bool(generate) != bool(heldout_set):
+        parser.error("give --data, or --generate with --generate-heldout")
     config = TrainConfig(data_dir=args.pop("data"), out_dir=args.pop("out"), **args)
     # force: an import (absl, via orbax) has already put a WARNING-level handler on the root
     # logger, which would make basicConfig a no-op and hide the data and evaluation lines.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True)
-    final = train(config)
+    episodes = None
+    if generate:
+        model_config = get_model_config(config.preset)
+        started = time.monotonic()
+        split = []
+        for sets in (generate, [fresh_demos.DemoSet.parse(heldout_set)]):
+            eps, failed = fresh_demos.generate_episodes(
+                sets, model_config, workers, object_state=config.object_state
+            )
+            logger.info(
+                "generated %d episodes (%d failed: %s)", len(eps.specs), len(failed), failed
+            )
+            split.append(eps)
+        logger.info("generation took %.0f s with %d workers", time.monotonic() - started, workers)
+        episodes = (split[0], split[1])
+    if deadline > 0 and step_time > 0:
+        left = deadline - time.time()
+        config = fit_to_deadline(config, left, step_time)
+        logger.info("%.0f s left: training %d steps", left, config.steps)
+    final = train(config, episodes)
     print(
         "trained steps={step} val_action_loss={val_action_loss:.4f} "
         "val_subtask_exact={val_subtask_exact:.3f} val_action_mae_rad={val_action_mae_rad:.4f} "

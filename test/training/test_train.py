@@ -13,7 +13,7 @@ from openpi.shared import normalize
 
 from oxygen_ros.engine import model_fns
 from oxygen_ros.engine.checkpoint import Normalizer, params_into_model
-from oxygen_ros.engine.config import NormConfig, PromptConfig
+from oxygen_ros.engine.config import NormConfig, PromptConfig, get_model_config
 from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, Tokenizer, resolve_tokenizer_path
 from oxygen_ros.engine.types import Observation
@@ -200,3 +200,73 @@ def test_delta_action_training_is_served_as_absolute_targets(demos_dir, tmp_path
 def test_delta_actions_refuse_state_dropout(demos_dir, tmp_path) -> None:
     with pytest.raises(ValueError, match="state dropout"):
         _config(demos_dir, tmp_path, delta_actions=True, state_dropout=0.3)
+
+
+def test_device_data_trains_as_the_host_batches_do(trained, demos_dir, tmp_path) -> None:
+    """The fixture's statics (nothing recompiles for the step); the time budget ends both runs
+    after their first step, then they evaluate and save as at the end of a schedule (the
+    fixture's run, without a budget, took all 30 steps: the control)."""
+
+    def run(name: str, device_data: bool) -> tuple[list[dict], list[np.ndarray]]:
+        out = tmp_path / name
+        config = _config(
+            demos_dir, out, state_dropout=0.0, device_data=device_data, time_budget_s=1e-9
+        )
+        final = train.train(config)
+        assert final["step"] == 1
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        with ocp.PyTreeCheckpointer() as checkpointer:
+            restored = checkpointer.restore(out / "params")["params"]
+        return records, [np.asarray(x) for x in jax.tree.leaves(restored)]
+
+    host_records, host_params = run("host", False)
+    device_records, device_params = run("device", True)
+    assert [r["step"] for r in host_records] == [1] == [r["step"] for r in device_records]
+    assert "val_action_loss" in device_records[0]
+    for key in ("loss", "action_loss", "language_loss"):
+        assert device_records[0][key] == pytest.approx(host_records[0][key], rel=1e-5)
+    for x, y in zip(host_params, device_params, strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+
+
+def _workcell_samples(demos_dir):
+    config = get_model_config("workcell")
+    tokenizer = Tokenizer(str(BUNDLED_TOKENIZER_PATH))
+    eps = data.load_episodes(recorder.list_episodes(demos_dir), config)
+    normalizer = Normalizer(data.compute_norm_stats(eps, NormConfig()), NormConfig())
+    return config, data.build_samples(eps, config, tokenizer, normalizer, PromptConfig())
+
+
+def test_device_data_batches_equal_host_batches(demos_dir) -> None:
+    config, samples = _workcell_samples(demos_dir)
+    index = np.array([0, 3, 7, 20])
+    want = train.to_batch(samples.take(index), config.image_keys)
+    got = train.DeviceSamples(samples, config.image_keys).batch(index)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+
+def test_fit_to_deadline_keeps_time_for_compiling_and_a_guard(demos_dir, tmp_path) -> None:
+    config = _config(demos_dir, tmp_path, steps=100_000)
+    fitted = train.fit_to_deadline(config, left_s=1000.0, step_time_s=0.1)
+    assert fitted.steps == 8500  # 15 % of 1000 s kept back
+    assert fitted.time_budget_s == 970.0
+    assert train.fit_to_deadline(config, left_s=200.0, step_time_s=1.0).steps == 140  # >= 60 s
+    assert train.fit_to_deadline(_config(demos_dir, tmp_path), 1000.0, 0.1).steps == 30
+    with pytest.raises(ValueError, match="no time left"):
+        train.fit_to_deadline(config, left_s=60.0, step_time_s=0.1)
+
+
+def test_image_dropout_masks_every_camera_of_the_dropped_rows(demos_dir) -> None:
+    config, samples = _workcell_samples(demos_dir)
+    batch = train.to_batch(samples.take(np.array([0, 1, 2])), config.image_keys)
+    keep = np.array([True, False, True])
+    dropped = train.drop_images(batch, keep)
+    assert set(dropped.image_masks) == set(config.image_keys)
+    for mask in dropped.image_masks.values():
+        np.testing.assert_array_equal(np.asarray(mask), keep)
+    # Only the masks change, and the batch it came from keeps its cameras.
+    np.testing.assert_array_equal(np.asarray(dropped.tokens), np.asarray(batch.tokens))
+    assert all(np.asarray(m).all() for m in batch.image_masks.values())
+    with pytest.raises(ValueError, match="image_dropout"):
+        train.TrainConfig(data_dir="d", out_dir="o", image_dropout=1.5)

@@ -1,0 +1,115 @@
+"""Demonstrations generated straight into training arrays, in worker processes (ROS-free).
+
+For a machine with many cores (a GPU machine, where the episodes' 224 x 224 HDF5 files would
+not fit its disk): each worker process runs `sim.generate_demos` on its own contiguous range
+of seeds, exactly as `generate_demos.generate` splits them (a fresh workcell per worker, so a
+seed gives the arrays that `scripts/generate_demos --workers N` writes with the same N), reads
+each episode back with `data.load_episodes` (the training-time conversion: model resolution,
+the cube detector's state) and deletes its file at once. Only successful episodes come back.
+
+Invariant: the arrays are those `load_episodes` gives for the files `generate_demos` writes
+with the same seeds, noise and worker split; nothing here imports rclpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import os
+import tempfile
+from collections.abc import Sequence
+
+from oxygen_ros.engine.config import ModelConfig
+from oxygen_ros.sim.generate_demos import split_range
+from oxygen_ros.training import data as _data
+
+logger = logging.getLogger("oxygen_ros.training")
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoSet:
+    """One block of seeds: seed_start .. seed_start + episodes - 1, with command noise."""
+
+    seed_start: int
+    episodes: int
+    command_noise_rad: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> DemoSet:
+        """ "START:COUNT" or "START:COUNT:NOISE_RAD"."""
+        parts = text.split(":")
+        if len(parts) not in (2, 3):
+            raise ValueError(f"demo set {text!r}: expected START:COUNT[:NOISE_RAD]")
+        noise = float(parts[2]) if len(parts) == 3 else 0.0
+        return cls(int(parts[0]), int(parts[1]), noise)
+
+
+def _scratch_dir() -> str | None:
+    """Memory-backed scratch space where there is one (the file lives for one episode)."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def _worker(
+    seeds: Sequence[int],
+    noise_rad: float,
+    config: ModelConfig,
+    object_state: bool,
+) -> tuple[_data.Episodes | None, list[int]]:
+    """Generates `seeds` in order in one fresh workcell; returns the successful episodes'
+    training arrays and the seeds that failed."""
+    from oxygen_ros.sim import generate_demos, recorder
+    from oxygen_ros.sim.expert import ScriptedExpert
+    from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
+
+    workcell = Workcell(WorkcellConfig())
+    expert = ScriptedExpert(workcell.model)
+    parts, failed = [], []
+    try:
+        with tempfile.TemporaryDirectory(dir=_scratch_dir()) as scratch:
+            for seed in seeds:
+                path = recorder.episode_path(scratch, seed)
+                ok = generate_demos.generate_episode(
+                    workcell, expert, seed, path, seed, command_noise_rad=noise_rad
+                )
+                if ok:
+                    parts.append(_data.load_episodes([path], config, object_state=object_state))
+                else:
+                    failed.append(seed)
+                path.unlink()
+    finally:
+        workcell.close()
+    return (_data.merge_episodes(parts) if parts else None), failed
+
+
+def generate_episodes(
+    demo_sets: Sequence[DemoSet],
+    config: ModelConfig,
+    workers: int,
+    object_state: bool = False,
+) -> tuple[_data.Episodes, list[int]]:
+    """Training arrays of every successful episode of `demo_sets` (in seed order within a set,
+    sets in the given order) and the seeds that failed."""
+    if workers < 1:
+        raise ValueError(f"need workers >= 1, got {workers}")
+    jobs = []
+    for demo_set in demo_sets:
+        seeds = range(demo_set.seed_start, demo_set.seed_start + demo_set.episodes)
+        for first, count in split_range(demo_set.episodes, workers):
+            jobs.append((list(seeds[first : first + count]), demo_set.command_noise_rad))
+    if workers == 1:
+        results = [_worker(seeds, noise, config, object_state) for seeds, noise in jobs]
+    else:
+        # spawn: each worker starts its own MuJoCo / EGL context, nothing inherited.
+        context = multiprocessing.get_context("spawn")
+        with context.Pool(workers) as pool:
+            pending = [
+                pool.apply_async(_worker, (seeds, noise, config, object_state))
+                for seeds, noise in jobs
+            ]
+            results = [p.get() for p in pending]
+    parts = [episodes for episodes, _ in results if episodes is not None]
+    failed = [seed for _, seeds in results for seed in seeds]
+    if not parts:
+        raise ValueError("no successful episode")
+    return _data.merge_episodes(parts), failed
