@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import shutil
 import tempfile
 from collections.abc import Sequence
 
@@ -45,9 +46,15 @@ class DemoSet:
         return cls(int(parts[0]), int(parts[1]), noise)
 
 
+SCRATCH_MIN_FREE_BYTES = 1 << 30  # an episode file is a few MB; one per worker at a time
+
+
 def _scratch_dir() -> str | None:
-    """Memory-backed scratch space where there is one (the file lives for one episode)."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    """Memory-backed scratch space where there is enough of it (a container's /dev/shm can be
+    64 MB), else None: the system's temporary directory. A file lives for one episode."""
+    shm = "/dev/shm"
+    usable = os.path.isdir(shm) and os.access(shm, os.W_OK)
+    return shm if usable and shutil.disk_usage(shm).free >= SCRATCH_MIN_FREE_BYTES else None
 
 
 def _worker(
