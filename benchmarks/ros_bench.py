@@ -14,8 +14,10 @@ Measures, with real node processes over DDS on this machine:
   coverage of the published rows; new chunks per second; and, between the phase's first
   diagnostics message and one after it, ticks skipped and ticks starved;
 - from the same diagnostics, observation -> hand-off decomposed per frame (p50/p99): frame age
-  when it reached the inference node, its wait there (and the part of that wait spent in the
-  previous frame's language work, and in the `frame_pickup` policy's wait for a newer frame),
+  when it reached the inference node (split into stamp -> perception's DDS write, DDS
+  transport, and the inference process's dispatch to its inbox), its wait there (and the
+  part of that wait spent in the previous frame's language work, and in the `frame_pickup`
+  policy's wait for a newer frame),
   taken -> `Engine.step` (deserialisation alone too), the engine's action path, the rest;
   the engine's idle time between frames, `frames_waited_for` / `frame_wait_timeouts`; and from
   perception's diagnostics (its last 10 s): frame age at publish and build time;
@@ -330,6 +332,9 @@ class Bench:
             **path("outside_model"),
             # Observation -> hand-off, decomposed (inference node, same span).
             **path("age_at_arrival"),
+            **path("sender_age"),
+            **path("transport"),
+            **path("dispatch"),
             **path("inbox_wait"),
             **path("wait_in_language"),
             **path("pickup_wait"),
@@ -491,6 +496,9 @@ def print_table(result: dict, out: Path) -> None:
         ("  perception: stamp -> publish", "perception_age", "p"),
         ("  perception: build (fuse+convert)", "perception_build", "p"),
         ("  stamp -> inference arrival", "age_at_arrival", "p"),
+        ("    stamp -> perception's write", "sender_age", "p"),
+        ("    DDS write -> reception", "transport", "p"),
+        ("    reception -> inbox (executor)", "dispatch", "p"),
         ("  arrival -> taken by the engine", "inbox_wait", "p"),
         ("    of it in previous language", "wait_in_language", "p"),
         ("  taken -> Engine.step", "pre_step", "p"),

@@ -17,7 +17,9 @@ the newest frame is taken, so nothing stalls. Counted: `frames_waited_for` (a ne
 `frame_wait_timeouts` (the bound was hit), `pickup_idle_s` (engine time spent waiting).
 
 Diagnostics decompose observation -> hand-off per frame (p50/p99 over `stats_window_s`):
-age at arrival (arrival in the node - stamp, node clock), wait in the inbox (arrival -> taken,
+age at arrival (arrival in the node - stamp, node clock; split, when the frame's DDS source and
+reception timestamps are known, into the sender's part up to its DDS write, the DDS transport,
+and this process's dispatch to the inbox), wait in the inbox (arrival -> taken,
 and the part of it that overlaps the previous frame's language work), pre-step (taken ->
 `Engine.step`: deserialisation, which is also reported alone, checks and bookkeeping), the
 engine's action path, and the rest (`frame.unaccounted`).
@@ -105,7 +107,7 @@ class PickupPolicy:
     """How the engine picks its next frame (`frame_pickup`, `frame_pickup_fresh_s`)."""
 
     wait_for_arrival: bool = False  # on_arrival: wait for a new frame when the newest is old
-    fresh_s: float = 0.005  # a frame that has waited at most this long is started at once
+    fresh_s: float = 0.001  # a frame that has waited at most this long is started at once
 
 
 def pickup_wait_s(policy: PickupPolicy, age_s: float, used: bool, period_s: float) -> float:
@@ -138,6 +140,11 @@ class Pickup:
     # The policy's wait: "" (none), "arrived" (this frame came meanwhile) or "timed_out"
     # (none came within the bound; this is the newest older frame).
     wait_outcome: str = ""
+    # Wall-clock (system time) seconds of its trip, NaN where unknown: the sender's DDS write
+    # (source timestamp), the DDS reception in this process, its hand-over to the inbox.
+    sent_wall_s: float = math.nan
+    received_wall_s: float = math.nan
+    arrival_wall_s: float = math.nan
 
 
 class FrameInbox:
@@ -150,15 +157,18 @@ class FrameInbox:
         *,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._cond = threading.Condition()
         self._clock = clock  # the node's clock (stamps)
         self._monotonic = monotonic
+        self._wall = wall  # system time (DDS source / reception timestamps)
         self._frame: bytes | None = None
         self._key = 0  # frames received so far
         self._used_key = 0  # key of the last frame taken
         self._arrival_clock = math.nan  # of the newest frame
         self._arrival = math.nan
+        self._trip = (math.nan, math.nan, math.nan)  # its sent, received, arrival (wall)
         self._intervals: collections.deque[float] = collections.deque(maxlen=ARRIVAL_HISTORY)
         self._prompt = prompt
         self.waiting_for_arrival = False  # `take` is in the pick-up policy's wait
@@ -168,14 +178,19 @@ class FrameInbox:
         with self._cond:
             return self._prompt
 
-    def put_frame(self, data: bytes) -> None:
-        arrival_clock, arrival = self._clock(), self._monotonic()
+    def put_frame(
+        self, data: bytes, sent_wall_s: float = math.nan, received_wall_s: float = math.nan
+    ) -> None:
+        """A new frame; `sent_wall_s` / `received_wall_s`: its DDS source and reception
+        timestamps (system time, seconds) when known."""
+        arrival_clock, arrival, arrival_wall = self._clock(), self._monotonic(), self._wall()
         with self._cond:
             if self._key:
                 self._intervals.append(arrival - self._arrival)
             self._frame = data
             self._key += 1
             self._arrival_clock, self._arrival = arrival_clock, arrival
+            self._trip = (sent_wall_s, received_wall_s, arrival_wall)
             self._cond.notify_all()
 
     def set_prompt(self, prompt: str) -> None:
@@ -237,6 +252,7 @@ class FrameInbox:
                 self._monotonic(),
                 policy_wait,
                 outcome,
+                *self._trip,
             )
 
     def drop(self, key: int) -> None:
@@ -300,6 +316,12 @@ class EngineLoop:
         self._overhead = SlidingWindow(window)
         # Observation -> hand-off, decomposed (see the module docstring).
         self._age_at_arrival = SlidingWindow(window)
+        # Of the age at arrival: stamp -> the sender's DDS write (the age minus the two
+        # below), DDS write -> reception here, reception -> the inbox (the node's frame
+        # intake); only for frames whose DDS timestamps are known.
+        self._sender_age = SlidingWindow(window)
+        self._transport = SlidingWindow(window)
+        self._dispatch = SlidingWindow(window)
         self._inbox_wait = SlidingWindow(window)  # arrival -> taken
         self._wait_in_language = SlidingWindow(window)  # of that, during the previous language
         self._pickup_wait = SlidingWindow(window)  # the policy's wait before it arrived (idle)
@@ -314,6 +336,9 @@ class EngineLoop:
             ("frame.obs_to_handoff", self._handoff_latency),
             ("frame.outside_model", self._overhead),
             ("frame.age_at_arrival", self._age_at_arrival),
+            ("frame.sender_age", self._sender_age),
+            ("frame.transport", self._transport),
+            ("frame.dispatch", self._dispatch),
             ("frame.inbox_wait", self._inbox_wait),
             ("frame.wait_in_language", self._wait_in_language),
             ("frame.pickup_wait", self._pickup_wait),
@@ -530,6 +555,12 @@ class EngineLoop:
                 in_language = max(hi - lo, 0.0)
             self._idle.add(pickup.taken_s - end, t)
         self._age_at_arrival.add(age, t)
+        trip = (pickup.sent_wall_s, pickup.received_wall_s, pickup.arrival_wall_s)
+        if all(math.isfinite(x) for x in trip):
+            sent, received, arrived = trip
+            self._sender_age.add(age - (arrived - sent), t)
+            self._transport.add(received - sent, t)
+            self._dispatch.add(arrived - received, t)
         self._inbox_wait.add(wait, t)
         self._wait_in_language.add(in_language, t)
         self._pickup_wait.add(pickup.policy_wait_s, t)

@@ -16,8 +16,10 @@ units together, one job each:
   `ActionLink`;
 - `request_book.RequestBook`: every accepted language request ends with exactly one final
   SpeechToken (finished, aborted, refused or failed), also when the engine raises.
-A single-threaded executor runs the callbacks here (observation bytes, instruction, services,
-periodic requests, diagnostics); none of them calls the engine.
+A single-threaded executor runs the callbacks here (instruction, services, periodic requests,
+diagnostics); none of them calls the engine. Observation bytes arrive on a thread of their own
+(`frame_intake.FrameIntake`, helper node `<name>_frames`), so a frame never waits behind those
+callbacks on its way to the engine.
 
 Lifecycle (a managed node, `rclpy.lifecycle`; the standard `~/change_state` and `~/get_state`
 services):
@@ -88,6 +90,7 @@ from oxygen_ros.nodes.conversions import (
 )
 from oxygen_ros.nodes.engine_bridge import LanguageQueue, RateMeter, build_engine_config
 from oxygen_ros.nodes.engine_loop import EngineLoop, FrameFormat, FrameInbox
+from oxygen_ros.nodes.frame_intake import FrameIntake
 from oxygen_ros.nodes.instruct_server import InstructServer
 from oxygen_ros.nodes.instruction_intake import Deduplicator, message_key
 from oxygen_ros.nodes.memory_store import MemoryStore
@@ -185,14 +188,12 @@ class InferenceNode(LifecycleNode):
         if self._inbox.prompt:
             self._instruction_pub.publish(String(data=self._inbox.prompt))
 
-        # Inputs, services, timers.
-        self.create_subscription(
-            ObservationFrame,
-            p["observation_topic"],
-            self._on_frame,
-            OBSERVATION_QOS,
-            callback_group=self._io_group,
-            raw=True,  # deserialized by the engine thread, only the frames it uses
+        # Inputs, services, timers. Frames arrive on a thread of their own (`frame_intake`),
+        # raw: deserialized by the engine thread, only the frames it uses.
+        self._frame_counts: collections.Counter[str] = collections.Counter()
+        self._frame_counts_lock = threading.Lock()  # the intake's thread adds, diagnostics read
+        self._frames = FrameIntake(
+            self, ObservationFrame, p["observation_topic"], OBSERVATION_QOS, self._on_frame
         )
         # Instructions from latched and volatile publishers; a latched message reaches both
         # subscriptions and is counted once (`_on_instruction`).
@@ -503,12 +504,20 @@ class InferenceNode(LifecycleNode):
             )
 
     # ================================================================ inputs
-    def _on_frame(self, data: bytes) -> None:
+    def _on_frame(self, data: bytes, info) -> None:
+        """In the frame intake's thread (`frame_intake`)."""
         if self._engine is None:  # unconfigured: no engine to take it
-            self.counters["frames_unconfigured"] += 1
+            self._count_frame("frames_unconfigured")
             return
-        self._inbox.put_frame(data)
-        self.counters["frames_received"] += 1
+        # DDS timestamps (system time, ns): the diagnostics split the frame's trip.
+        self._inbox.put_frame(
+            data, info["source_timestamp"] * 1e-9, info["received_timestamp"] * 1e-9
+        )
+        self._count_frame("frames_received")
+
+    def _count_frame(self, name: str) -> None:
+        with self._frame_counts_lock:
+            self._frame_counts[name] += 1
 
     def _clean_instruction(self, text: str) -> str | None:
         if "\ufffd" in text:
@@ -752,7 +761,8 @@ class InferenceNode(LifecycleNode):
         if engine is not None:
             values.update(engine.diagnostics())
         values.update(actions)
-        counters = self.counters + self._book.counters
+        with self._frame_counts_lock:
+            counters = self.counters + self._book.counters + self._frame_counts
         counters += collections.Counter(
             {f"instruct.{k}": v for k, v in self._instruct.counters.items()}
         )
@@ -776,6 +786,7 @@ class InferenceNode(LifecycleNode):
         for timer in timers:
             timer.cancel()
         self._closing = True
+        self._frames.close()  # no more frames for the engine
         self._instruct.abort_all("node shutting down")
         if not self._instruct.flush(FLUSH_S):  # after the spin loop: results still go out
             self.get_logger().warning("Instruct results not all sent before shutdown")

@@ -706,7 +706,7 @@ INFERENCE: tuple[ParamSpec, ...] = (
     ),
     ParamSpec(
         "frame_pickup_fresh_s",
-        0.005,
+        0.001,
         "on_arrival: a frame that has waited at most this long is started at once",
         "float",
         runtime=True,

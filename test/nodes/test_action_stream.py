@@ -226,3 +226,41 @@ def test_slice_valid_until_is_the_chunk_age_limit() -> None:
 def test_invalid_config_rejected(overrides) -> None:
     with pytest.raises(ValueError):
         stream(**overrides)
+
+
+def reference_velocity_clamp(rows, first, before, step) -> tuple[np.ndarray, bool]:
+    """The row-by-row velocity limit as specified: each row from `first` on limited against
+    the previous limited row (`before` for the first; none when it is None)."""
+    rows = rows.copy()
+    changed, prev = False, before
+    for k in range(first, len(rows)):
+        if prev is not None:
+            limited = np.clip(rows[k], prev - step, prev + step)
+            if np.any(limited != rows[k]):
+                changed, rows[k] = True, limited
+        prev = rows[k]
+    return rows, changed
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_velocity_limits_equal_the_row_by_row_pass(seed: int) -> None:
+    """The vectorised search for the first violating step changes nothing: the clamped rows
+    and the counter equal the plain row-by-row pass exactly, with violations anywhere (or
+    none, or only at the first row against the previous chunk / measured pose)."""
+    rng = np.random.default_rng(seed)
+    n_rows, n_joints = int(rng.integers(1, 12)), int(rng.integers(1, 4))
+    max_velocity = tuple(rng.uniform(0.5, 2.0, n_joints))
+    step = np.asarray(max_velocity) * DT
+    # Steps mostly inside the limit; a few rows jump (sometimes none does).
+    deltas = rng.uniform(-0.9, 0.9, (n_rows, n_joints)) * step
+    jumps = rng.random(n_rows) < rng.choice([0.0, 0.1, 0.5])
+    deltas[jumps] *= rng.uniform(1.5, 4.0, (int(jumps.sum()), 1))
+    rows = np.cumsum(deltas, axis=0)
+    first = int(rng.integers(0, n_rows))
+    before = None if rng.random() < 0.3 else rows[max(first - 1, 0)] + rng.choice([0, 3]) * step
+    s = stream(num_joints=n_joints, max_velocity=max_velocity)
+    got = rows.copy()
+    changed = s._clamp_velocities(got, first, None if before is None else before.copy())
+    expected, expected_changed = reference_velocity_clamp(rows, first, before, step)
+    np.testing.assert_array_equal(got, expected)
+    assert changed == expected_changed

@@ -4,6 +4,7 @@ ends the in-flight requests once with an error and the loop serves on."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -510,6 +511,50 @@ def test_diagnostics_decompose_observation_to_handoff() -> None:
     # latency 300 ms = age + wait + pre-step (0: fake clock) + action path 60 ms + the rest.
     assert values["frame.unaccounted_p50_ms"] == pytest.approx(300 - 60 - (10 + 40 + 50) / 2)
     assert both("language") == pytest.approx((140.0, 140.0))  # TIMINGS: total 200 - action 60
+
+
+def test_inbox_passes_on_the_frame_trip() -> None:
+    """The DDS source and reception timestamps given with a frame, and the wall time it
+    reached the inbox, come out with the frame that is taken (NaN when not given)."""
+    wall = FakeClock(1000.0)
+    inbox = FrameInbox("p", wall=wall)
+    stop = threading.Event()
+    inbox.put_frame(b"1")
+    untimed = inbox.take(lambda: False, stop, 0.0)
+    assert untimed is not None
+    assert np.isnan([untimed.sent_wall_s, untimed.received_wall_s]).all()
+    assert untimed.arrival_wall_s == 1000.0
+    wall.t = 1000.5
+    inbox.put_frame(b"2", 1000.49, 1000.495)
+    timed = inbox.take(lambda: False, stop, 0.0)
+    assert timed is not None
+    assert (timed.sent_wall_s, timed.received_wall_s, timed.arrival_wall_s) == (
+        1000.49,
+        1000.495,
+        1000.5,
+    )
+
+
+def test_diagnostics_split_the_age_at_arrival() -> None:
+    """With DDS timestamps, the age at arrival splits into the sender's part (up to its DDS
+    write), the transport and the dispatch here, exactly; frames without them add nothing to
+    those three windows."""
+    rig = Rig(FakeEngine(latency_s=0.3))
+
+    def pickup(stamp: float, arrival_clock: float, trip: tuple[float, float, float]) -> Pickup:
+        return Pickup(frame_bytes(stamp), 1, "p", arrival_clock, 10.0, 10.0, 0.0, "", *trip)
+
+    rig.loop.run_frame(rig.engine, pickup(99.99, 100.0, (math.nan,) * 3), [])
+    values = rig.loop.diagnostics()
+    assert values["frame.age_at_arrival_p50_ms"] == pytest.approx(10.0)
+    assert math.isnan(values["frame.transport_p50_ms"])
+    # Age 10 ms: written 7 ms after the stamp, received 1 ms later, in the inbox 2 ms later.
+    rig.loop.run_frame(rig.engine, pickup(99.99, 100.0, (5000.007, 5000.008, 5000.010)), [])
+    values = rig.loop.diagnostics()
+    assert values["frame.age_at_arrival_p50_ms"] == pytest.approx(10.0)
+    assert values["frame.sender_age_p50_ms"] == pytest.approx(7.0)
+    assert values["frame.transport_p50_ms"] == pytest.approx(1.0)
+    assert values["frame.dispatch_p50_ms"] == pytest.approx(2.0)
 
 
 def test_pickup_waits_are_counted() -> None:
