@@ -117,6 +117,7 @@ class SpinningNode:
         self.node = rclpy.create_node(name, context=self.context)
         self.executor = MultiThreadedExecutor(num_threads=2, context=self.context)
         self.executor.add_node(self.node)
+        self._closed = False
         self._thread = threading.Thread(target=self._spin, daemon=True)
         self._thread.start()
 
@@ -151,11 +152,16 @@ class SpinningNode:
         )
 
     def close(self) -> None:
+        """Idempotent; the spin thread ends before the node is destroyed (a node destroyed
+        under a waiting executor can abort the process)."""
+        if self._closed:
+            return
+        self._closed = True
         self.executor.shutdown(timeout_sec=5)
+        self._thread.join(5)
         self.node.destroy_node()
         if self.context.ok():
             self.context.try_shutdown()
-        self._thread.join(5)
 
 
 def ros_test_env(log_dir: Path, domain_id: int) -> dict[str, str]:

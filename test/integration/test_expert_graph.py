@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from harness import ProcessLauncher, SpinningNode, call_service, wait_for
 from rclpy.qos import QoSProfile, QoSReliabilityPolicy
+from rclpy.serialization import deserialize_message
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 
@@ -63,7 +64,10 @@ class Workcell:
         self.lock = threading.Lock()
         self.joints: dict[int, np.ndarray] = {}  # stamp -> positions, robot.JOINT_NAMES order
         self.commands: dict[int, np.ndarray] = {}  # stamp -> commanded targets
-        self.images: dict[str, dict[int, bytes]] = {c: {} for c in CAMERAS}
+        # Raw (serialized) images, decoded only when the test reads them: decoding three
+        # 224 x 224 images per frame in the spin thread starved it, and best-effort joint
+        # states were then lost (one CI run heard 46 of 60).
+        self._raw_images: dict[str, list[bytes]] = {c: [] for c in CAMERAS}
         self.status: EpisodeStatus | None = None
         self.ends: dict[int, EpisodeStatus] = {}  # episode id -> first status not RUNNING
         self.subtasks = view.collect(String, "oxygen/expert_subtask", LATCHED_QOS)
@@ -79,7 +83,7 @@ class Workcell:
         )
         for camera, topic in CAMERAS.items():
             node.create_subscription(
-                Image, topic, lambda m, c=camera: self._on_image(c, m), DEEP_BEST_EFFORT
+                Image, topic, self._raw_images[camera].append, DEEP_BEST_EFFORT, raw=True
             )
         node.create_subscription(
             EpisodeStatus, "workcell/episode_status", self._on_status, latched_qos(10)
@@ -103,9 +107,13 @@ class Workcell:
         with self.lock:
             store[stamp_ns(msg.header)] = q
 
-    def _on_image(self, camera: str, msg: Image) -> None:
-        with self.lock:
-            self.images[camera][stamp_ns(msg.header)] = bytes(msg.data)
+    def images(self) -> dict[str, dict[int, bytes]]:
+        """camera -> stamp (ns) -> image bytes, of everything received so far."""
+        out: dict[str, dict[int, bytes]] = {}
+        for camera, raw in self._raw_images.items():
+            messages = [deserialize_message(data, Image) for data in list(raw)]
+            out[camera] = {stamp_ns(m.header): bytes(m.data) for m in messages}
+        return out
 
     def _on_status(self, msg: EpisodeStatus) -> None:
         with self.lock:
@@ -218,7 +226,7 @@ def test_expert_picks_within_the_time_limit_and_records_it(workcell: Workcell) -
     with workcell.lock:
         joints = dict(workcell.joints)
         commands = dict(workcell.commands)
-        images = {c: dict(v) for c, v in workcell.images.items()}
+    images = workcell.images()
     matched = [k for k, s in enumerate(stamps) if s in joints]
     assert len(matched) >= 0.8 * t, f"the test heard only {len(matched)} of {t} joint states"
     for k in matched:

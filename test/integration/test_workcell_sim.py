@@ -70,6 +70,7 @@ class Probe:
         self.statuses: list[EpisodeStatus] = []
         self.instructions: list[str] = []
         self.diagnostics: list[dict[str, str]] = []
+        self._collectors: list[SpinningNode] = []  # `collect`'s nodes
         node.create_subscription(Clock, "/clock", self._on_clock, 10)
         node.create_subscription(  # best effort as published; deep, so a busy spin drops none
             JointState, "joint_states", self.joints.append, DEEP_SENSOR_QOS
@@ -99,18 +100,19 @@ class Probe:
                 self.diagnostics.append(diagnostic_values(status))
 
     def collect(self, msg_type, topic: str, qos, wall_time: bool = False):
-        """Subscribes (for the rest of the module: destroying a subscription while the executor
-        spins in another thread breaks it); returns the list and a function that stops it."""
+        """Subscribes on a node and executor of its own; returns the list and a function that
+        closes them. (On the probe's node a subscription could not be destroyed while its
+        executor spins, and camera frames received for the rest of the module starved the
+        probe: later tests lost joint commands.)"""
         received: list = []
-        active = threading.Event()
-        active.set()
+        spinner = SpinningNode(f"test_workcell_sim_collect_{len(self._collectors)}")
+        self._collectors.append(spinner)
 
         def on_message(msg) -> None:
-            if active.is_set():
-                received.append((time.monotonic(), msg) if wall_time else msg)
+            received.append((time.monotonic(), msg) if wall_time else msg)
 
-        self.node.create_subscription(msg_type, topic, on_message, qos)
-        return received, active.clear
+        spinner.node.create_subscription(msg_type, topic, on_message, qos)
+        return received, spinner.close
 
     def now(self) -> float:
         with self._lock:
@@ -147,6 +149,8 @@ class Probe:
         return [s for s in list(self.statuses) if s.episode_id == episode_id]
 
     def close(self) -> None:
+        for spinner in self._collectors:
+            spinner.close()
         self.spin.close()
 
 
