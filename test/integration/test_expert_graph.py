@@ -43,7 +43,11 @@ CAMERAS = {  # name: topic (config/workcell.yaml)
 }
 CAMERA_PERIOD_S = 0.1  # workcell_sim camera_rate_hz 10 (the YAML's value)
 START_TIMEOUT_S = 60.0  # scene compile + EGL + discovery on 2 busy cores
-WALL_SLACK_S = 20.0  # beyond the episode's time limit, for a slow machine
+# The simulator runs at half real time: on 2 loaded cores at full speed it fell behind (ticks
+# merged) and this process lost best-effort joint states (one run heard 43 of 61). Everything
+# checked here is in sim time.
+REAL_TIME_FACTOR = 0.5
+WALL_SLACK_S = 20.0  # beyond the episode's time limit in wall time, for a slow machine
 # The sim interpolates the expert's rows (0.02 s apart) linearly; the plan is smooth between
 # them, so the commanded target and the plan's value at a stamp differ by far less than this.
 ACTION_TOLERANCE = 5e-3
@@ -92,7 +96,11 @@ class Workcell:
         common = ["--params-file", str(PARAMS), "-p", "diagnostics_period_s:=0.5"]
         self.sim = launcher.start(
             "oxygen_ros.nodes.workcell_sim_node",
-            [*common, "-r", "__node:=workcell_sim", "-p", "workcell_sim:initial_seed:=-1"],
+            [
+                *common,
+                *("-r", "__node:=workcell_sim", "-p", "workcell_sim:initial_seed:=-1"),
+                *("-p", f"workcell_sim:real_time_factor:={REAL_TIME_FACTOR}"),
+            ],
             name="workcell_sim",
         )
         self.expert = launcher.start(
@@ -139,7 +147,8 @@ class Workcell:
             return reply.episode_id in self.ends
 
         limit = tasks.sample_episode(seed, instruction).time_limit_s
-        wait_for(ended, limit + WALL_SLACK_S, f"episode {reply.episode_id} to end", poll_s=0.05)
+        wall_limit = limit / REAL_TIME_FACTOR + WALL_SLACK_S
+        wait_for(ended, wall_limit, f"episode {reply.episode_id} to end", poll_s=0.05)
         return reply, self.ends[reply.episode_id]
 
 

@@ -50,7 +50,11 @@ workcell_sim:
     test_pattern: true
     initial_seed: -1
     diagnostics_period_s: 0.5
+    real_time_factor: 0.5
 """
+# Half real time (the YAML above): at full speed on 2 loaded cores the simulator fell behind
+# (ticks merged) and the probe lost commands; the checks here are in sim time.
+REAL_TIME_FACTOR = 0.5
 HOME = dict(zip(robot.JOINT_NAMES, robot.HOME, strict=True))
 MAX_AGE_S = 1.5  # workcell.yaml's chunk_max_age_s
 DEEP_QOS = QoSProfile(depth=1000, reliability=QoSReliabilityPolicy.RELIABLE)
@@ -519,7 +523,7 @@ def test_stamps_are_sim_time_at_the_real_time_factor(sim) -> None:
         )
     finally:
         stop()
-        probe.set_param("real_time_factor", 1.0)
+        probe.set_param("real_time_factor", REAL_TIME_FACTOR)
     assert simulator.alive()
 
 
@@ -571,5 +575,5 @@ def test_inference_follows_the_simulator_clock(sim) -> None:
         assert "physics_unstable" not in after  # the velocity limits keep random actions sane
     finally:
         inference.stop()
-        probe.set_param("real_time_factor", 1.0)
+        probe.set_param("real_time_factor", REAL_TIME_FACTOR)
     assert simulator.alive()
