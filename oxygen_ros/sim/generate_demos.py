@@ -38,7 +38,7 @@ import json
 import logging
 import multiprocessing
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -146,31 +146,38 @@ def generate_episode(
     return succeeded
 
 
-def _generate_range(
+def generate_range(
     out: Path, seed_start: int, first: int, count: int, command_noise_rad: float = 0.0
-) -> dict[int, bool]:
-    """Episodes first .. first + count - 1 (seeds seed_start + index) in one fresh workcell."""
+) -> Iterator[tuple[int, Path, bool]]:
+    """Episodes first .. first + count - 1 (seeds seed_start + index) in one fresh workcell,
+    written to `out`; yields (seed, path, succeeded) after each, so a caller may consume the
+    file before the next episode runs."""
     workcell = Workcell(WorkcellConfig())
     expert = ScriptedExpert(workcell.model)
-    results = {}
     try:
         for index in range(first, first + count):
             seed = seed_start + index
-            results[seed] = generate_episode(
-                workcell,
-                expert,
-                seed,
-                episode_path(out, index),
-                index,
-                command_noise_rad=command_noise_rad,
+            path = episode_path(out, index)
+            ok = generate_episode(
+                workcell, expert, seed, path, index, command_noise_rad=command_noise_rad
             )
-            logger.info("episode %d (seed %d): success=%s", index, seed, results[seed])
+            logger.info("episode %d (seed %d): success=%s", index, seed, ok)
+            yield seed, path, ok
     finally:
         workcell.close()
-    return results
 
 
-def _log_to_stderr(level: int) -> None:
+def _generate_range(
+    out: Path, seed_start: int, first: int, count: int, command_noise_rad: float = 0.0
+) -> dict[int, bool]:
+    """`generate_range`'s outcomes, seed -> succeeded."""
+    return {
+        seed: ok
+        for seed, _, ok in generate_range(out, seed_start, first, count, command_noise_rad)
+    }
+
+
+def log_to_stderr(level: int) -> None:
     """Pool initializer: a spawned worker logs its episodes like the parent process."""
     logging.basicConfig(level=level, format="%(asctime)s %(processName)s %(message)s")
 
@@ -204,7 +211,7 @@ def generate(
         # spawn: each worker starts its own MuJoCo / EGL context, nothing inherited.
         context = multiprocessing.get_context("spawn")
         level = logging.getLogger().getEffectiveLevel()
-        with context.Pool(len(ranges), _log_to_stderr, (level,)) as pool:
+        with context.Pool(len(ranges), log_to_stderr, (level,)) as pool:
             parts = [
                 pool.apply_async(
                     _generate_range, (out, seed_start, first, count, command_noise_rad)

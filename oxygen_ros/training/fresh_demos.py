@@ -20,12 +20,11 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from oxygen_ros.engine.config import ModelConfig
-from oxygen_ros.sim.generate_demos import split_range
+from oxygen_ros.sim import generate_demos
 from oxygen_ros.training import data as _data
-
-logger = logging.getLogger("oxygen_ros.training")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,34 +57,21 @@ def _scratch_dir() -> str | None:
 
 
 def _worker(
-    seeds: Sequence[int],
-    noise_rad: float,
-    config: ModelConfig,
-    object_state: bool,
+    demo_set: DemoSet, first: int, count: int, config: ModelConfig, object_state: bool
 ) -> tuple[_data.Episodes | None, list[int]]:
-    """Generates `seeds` in order in one fresh workcell; returns the successful episodes'
-    training arrays and the seeds that failed."""
-    from oxygen_ros.sim import generate_demos, recorder
-    from oxygen_ros.sim.expert import ScriptedExpert
-    from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
-
-    workcell = Workcell(WorkcellConfig())
-    expert = ScriptedExpert(workcell.model)
+    """Episodes first .. first + count - 1 of `demo_set` in one fresh workcell
+    (`generate_demos.generate_range`), each file read back and deleted before the next runs;
+    returns the successful episodes' training arrays and the seeds that failed."""
     parts, failed = [], []
-    try:
-        with tempfile.TemporaryDirectory(dir=_scratch_dir()) as scratch:
-            for seed in seeds:
-                path = recorder.episode_path(scratch, seed)
-                ok = generate_demos.generate_episode(
-                    workcell, expert, seed, path, seed, command_noise_rad=noise_rad
-                )
-                if ok:
-                    parts.append(_data.load_episodes([path], config, object_state=object_state))
-                else:
-                    failed.append(seed)
-                path.unlink()
-    finally:
-        workcell.close()
+    with tempfile.TemporaryDirectory(dir=_scratch_dir()) as scratch:
+        for seed, path, ok in generate_demos.generate_range(
+            Path(scratch), demo_set.seed_start, first, count, demo_set.command_noise_rad
+        ):
+            if ok:
+                parts.append(_data.load_episodes([path], config, object_state=object_state))
+            else:
+                failed.append(seed)
+            path.unlink()
     return (_data.merge_episodes(parts) if parts else None), failed
 
 
@@ -99,21 +85,19 @@ def generate_episodes(
     sets in the given order) and the seeds that failed."""
     if workers < 1:
         raise ValueError(f"need workers >= 1, got {workers}")
-    jobs = []
-    for demo_set in demo_sets:
-        seeds = range(demo_set.seed_start, demo_set.seed_start + demo_set.episodes)
-        for first, count in split_range(demo_set.episodes, workers):
-            jobs.append((list(seeds[first : first + count]), demo_set.command_noise_rad))
+    jobs = [
+        (demo_set, first, count, config, object_state)
+        for demo_set in demo_sets
+        for first, count in generate_demos.split_range(demo_set.episodes, workers)
+    ]
     if workers == 1:
-        results = [_worker(seeds, noise, config, object_state) for seeds, noise in jobs]
+        results = [_worker(*job) for job in jobs]
     else:
         # spawn: each worker starts its own MuJoCo / EGL context, nothing inherited.
         context = multiprocessing.get_context("spawn")
-        with context.Pool(workers) as pool:
-            pending = [
-                pool.apply_async(_worker, (seeds, noise, config, object_state))
-                for seeds, noise in jobs
-            ]
+        level = logging.getLogger().getEffectiveLevel()
+        with context.Pool(workers, generate_demos.log_to_stderr, (level,)) as pool:
+            pending = [pool.apply_async(_worker, job) for job in jobs]
             results = [p.get() for p in pending]
     parts = [episodes for episodes, _ in results if episodes is not None]
     failed = [seed for _, seeds in results for seed in seeds]
