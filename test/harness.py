@@ -106,16 +106,23 @@ class ProcessLauncher:
 
 
 class SpinningNode:
-    """An rclpy node in the test process, spun by a background executor thread."""
+    """An rclpy node in the test process, spun by a background executor thread.
+
+    A single-threaded executor: rclpy's MultiThreadedExecutor loops in its spin thread while a
+    callback waits in its pool (the entity stays ready until the pool thread takes it). With
+    camera frames arriving at 30 Hz it held the GIL that the tests' own sensor threads need:
+    the fake sensors of test_nodes_perception ticked at about 10 Hz instead of 30 and the rate
+    test failed in 7 of 10 module runs here (also with cheaper polling); with this executor 3
+    of 3 passed, in 36 s instead of 57-117 s."""
 
     def __init__(self, name: str) -> None:
         import rclpy
-        from rclpy.executors import MultiThreadedExecutor
+        from rclpy.executors import SingleThreadedExecutor
 
         self.context = rclpy.Context()
         rclpy.init(context=self.context)
         self.node = rclpy.create_node(name, context=self.context)
-        self.executor = MultiThreadedExecutor(num_threads=2, context=self.context)
+        self.executor = SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
         self._closed = False
         self._thread = threading.Thread(target=self._spin, daemon=True)

@@ -36,7 +36,6 @@ from oxygen_ros.nodes.action_stream import HOLD_CHUNK_ID
 from oxygen_ros.nodes.conversions import action_chunk_rows, time_to_seconds, trajectory_points
 from oxygen_ros.nodes.runtime import (
     LATCHED_QOS,
-    OBSERVATION_QOS,
     RELIABLE_QOS,
     SPEECH_QOS,
     latched_qos,
@@ -586,7 +585,10 @@ def test_lifecycle_transitions_switch_the_action_stream(graph) -> None:
         ObservationFrame,
         "oxygen/observation",
         lambda m: frames.append((graph.now(), m)),
-        OBSERVATION_QOS,
+        # Best effort as the publisher, but deep: the frame the hold was taken from must not
+        # be overwritten before this process takes it. (In one CI run no frame received with
+        # depth 1 and a window ending 0.5 s after deactivate matched the hold.)
+        QoSProfile(depth=200, reliability=QoSReliabilityPolicy.BEST_EFFORT),
     )
     diagnostics = graph.view.collect(DiagnosticArray, "/diagnostics", 50)
 
@@ -646,7 +648,10 @@ def test_lifecycle_transitions_switch_the_action_stream(graph) -> None:
     # within the position limits (the hold passes the same clamps as every chunk).
     section = yaml.safe_load(PARAMS.read_text())["/**/inference"]["ros__parameters"]
     lower, upper = section["joint_position_lower"], section["joint_position_upper"]
-    recent = [m for t, m in frames if deactivated - 3.0 <= t <= deactivated + 0.5]
+    # Taken from the newest frame the engine ran before the gate closed: before the hold
+    # arrived here (the engine may lag the frames by a step or more on a busy machine).
+    held = next(t for t, _, m in graph.actions if m is holds[0])
+    recent = [m for t, m in frames if deactivated - 5.0 <= t <= held]
     order = [list(recent[0].joint_names).index(j) for j in JOINTS]
     gaps = [
         np.abs(rows[0] - np.clip(np.asarray(m.joint_positions)[order], lower, upper)).max()

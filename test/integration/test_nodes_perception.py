@@ -261,7 +261,14 @@ def steady_input_rate(diags, sensors: FakeSensors, seconds: float, timeout_s: fl
             seen.append(f"{t0:.2f}: received {received:.0%}")
         return False
 
-    wait_for(span, timeout_s, lambda: f"a span of steady input ({seen[-5:]})")
+    wait_for(
+        span,
+        timeout_s,
+        lambda: (
+            f"a span of steady input ({seen[-5:]}, {len(sensors.ticks)} sensor ticks, "
+            f"node: {latest_counters(diags)})"
+        ),
+    )
     return found[0]
 
 
