@@ -273,3 +273,43 @@ def test_state_probe_reads_chunks_in_the_models_action_space() -> None:
     # Same absolute chunk for a shifted state (the target kept): response -1 on that joint.
     response = (probe.model_space(chunk, shifted, mask) - out)[-1, 2] / 0.2
     assert response == pytest.approx(-1.0)
+
+
+def test_state_policy_features_targets_and_training() -> None:
+    """benchmarks/state_policy.py: the instruction's words as one-hots (each word changes its
+    group), the target cube picked out of the state by colour, delta targets that the policy
+    turns back into the same absolute rows, and a training loop that fits a known map."""
+    sp = _load("state_policy")
+    from oxygen_ros.engine.checkpoint import Normalizer
+    from oxygen_ros.training import data
+
+    base = sp.instruction_features("pick up the red cube")
+    assert base.sum() == 4.0 and set(np.unique(base)) == {0.0, 1.0}
+    for other in (
+        "pick up the green cube",
+        "pick up the red cube with the left arm",
+        "move the red cube to the right",
+    ):
+        assert not np.array_equal(sp.instruction_features(other), base), other
+    rng = np.random.default_rng(0)
+    state = rng.normal(size=(4, 20)).astype(np.float32)
+    words = np.stack([sp.instruction_features("pick up the green cube")] * 4)
+    variant = sp.Variant(target=True, velocity=True)
+    inputs = sp.raw_inputs(state, np.ones((4, 14), np.float32), np.zeros(4), words, variant)
+    np.testing.assert_array_equal(inputs[:, 20:22], state[:, 16:18])  # green: the second cube
+    np.testing.assert_array_equal(inputs[:, 22:], 1.0)  # then the velocities
+    actions = rng.normal(size=(4, 10, 14)).astype(np.float32)
+    delta = sp.targets(actions, state, sp.Variant()).reshape(4, 10, 14)
+    back = Normalizer.absolute_actions(delta[0], state[0, :14], data.DELTA_ACTION_MASK)
+    np.testing.assert_allclose(back, actions[0], atol=1e-6)
+    assert not np.allclose(delta, actions)  # the arm joints were made relative
+
+    x = rng.normal(size=(512, 8)).astype(np.float32)
+    weights = rng.normal(size=(8, 3)).astype(np.float32)
+
+    def batches(r):
+        index = r.integers(0, len(x), 64)
+        return x[index], np.tanh(x[index] @ weights)
+
+    _, losses = sp.train(batches, (8, 3), 1001, 3e-3, 64, 0)
+    assert losses[-1] < 0.1 * losses[0]

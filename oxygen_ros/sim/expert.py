@@ -172,7 +172,7 @@ class ScriptedExpert:
         labels = tasks.subtask_labels(spec)
         cube = objects[spec.target]
         centre = np.asarray(cube.position, dtype=np.float64)
-        rotation = gripper_rotation(DOWN, self._finger_axis(kin, cube))
+        rotation = gripper_rotation(DOWN, self.finger_axis(kin, cube))
         columns = robot.arm_slice(spec.arm)
         arm_cols = np.arange(columns.start, columns.start + len(robot.ARM_JOINTS))
         grip_col = robot.gripper_index(spec.arm)
@@ -227,7 +227,7 @@ class ScriptedExpert:
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
-    def _finger_axis(kin: ArmKinematics, cube: ObjectPose) -> np.ndarray:
+    def finger_axis(kin: ArmKinematics, cube: ObjectPose) -> np.ndarray:
         """The cube face normal (horizontal) closest to the arm's natural finger axis, which
         is horizontal and perpendicular to the line from the arm's base to the cube."""
         matrix = np.empty(9)

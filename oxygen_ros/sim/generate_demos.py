@@ -5,14 +5,15 @@
 
 The same expert, physics and cameras as the ROS recording (`scripts/record_demos`), stepped in
 this process: per episode, the workcell is reset to `tasks.sample_episode(seed)`, the expert
-plans once, and the plan's targets drive the arms at `control_hz` (50 Hz, the sim node's
-servo rate). Every 1 / fps seconds of sim time (10 Hz, the cameras' rate) one step is written in
-the recorder's ALOHA HDF5 layout: the three 224 x 224 images and the joint state of that
-instant, the commanded targets (`action`), the full physics state (`sim_state`), and as
-`language/subtask` the phase the simulator's state is in (`tasks.evaluate(...).stage`, what the
-closed-loop evaluation compares the model's speech with; the plan's own phase label is in
-`extra.plan_subtasks`). The episode ends on success (after the tracker's dwell) or at its time
-limit (the last step is the last frame before that); only successes are training data.
+plans once (with `--expert feedback`: commands from the state each tick), and its targets drive
+the arms at `control_hz` (50 Hz, the sim node's servo rate). Every 1 / fps seconds of sim time
+(10 Hz, the cameras' rate) one step is written in the recorder's ALOHA HDF5 layout: the three
+224 x 224 images and the joint state of that instant, the commanded targets (`action`), the
+full physics state (`sim_state`), and as `language/subtask` the phase the simulator's state is
+in (`tasks.evaluate(...).stage`, what the closed-loop evaluation compares the model's speech
+with; the plan's own phase label is in `extra.plan_subtasks`). The episode ends on success
+(after the tracker's dwell) or at its time limit (the last step is the last frame before that);
+only successes are training data.
 
 Command noise (`--command-noise-rad`, DART: Laskey et al. 2017, "DART: Noise Injection for
 Robust Imitation Learning"): the arm joints are driven to the plan's targets plus
@@ -22,6 +23,12 @@ episode's seed), while `action` records the plan's clean targets. The arm is the
 expert's path in the recorded states and the labels lead back to it: the states a policy
 reaches when it drifts. Grippers are never perturbed. 0 (the default) writes exactly the
 noiseless episode.
+
+Experts (`--expert`): `plan` (the default) is the scripted expert, which plans once per episode
+(targets a function of time); `feedback` is `feedback_expert.FeedbackExpert`, whose target at
+every control tick is computed from the measured joints and the true cube pose, so every
+recorded state, noisy ones included, is labelled with a command that steers back. With it,
+`extra.plan_subtasks` holds the feedback expert's phase labels.
 
 The same command (seeds, `--workers`, package versions, machine) writes the same arrays:
 MuJoCo and the EGL renderer are deterministic, and each worker starts a fresh workcell at sim
@@ -45,6 +52,7 @@ import numpy as np
 
 from oxygen_ros.sim import robot, tasks
 from oxygen_ros.sim.expert import ScriptedExpert
+from oxygen_ros.sim.feedback_expert import FeedbackExpert
 from oxygen_ros.sim.recorder import EpisodeWriter, episode_path
 from oxygen_ros.sim.workcell import CAMERAS, Workcell, WorkcellConfig
 
@@ -52,6 +60,7 @@ logger = logging.getLogger("oxygen_ros.sim")
 
 CONTROL_HZ = 50.0
 FPS = 10.0
+EXPERTS = ("plan", "feedback")  # ScriptedExpert's one plan | FeedbackExpert's state feedback
 NOISE_TIME_CONSTANT_S = 0.5  # correlation time of the command noise
 
 
@@ -79,7 +88,7 @@ class CommandNoise:
 
 def generate_episode(
     workcell: Workcell,
-    expert: ScriptedExpert,
+    expert: ScriptedExpert | FeedbackExpert,
     seed: int,
     path: Path,
     episode_index: int,
@@ -92,7 +101,18 @@ def generate_episode(
     spec = tasks.sample_episode(seed)
     workcell.reset(robot.HOME, spec.objects)
     start = workcell.time
-    plan = expert.plan_for(workcell, spec)
+    if isinstance(expert, FeedbackExpert):
+        expert.reset(workcell, spec)
+
+        def command(now: float) -> tuple[np.ndarray, str]:
+            return expert.command(workcell), expert.subtask
+
+    else:
+        plan = expert.plan_for(workcell, spec)
+
+        def command(now: float) -> tuple[np.ndarray, str]:
+            return plan.sample(now), plan.subtask(now)
+
     tracker = tasks.SuccessTracker()
     per_frame = round(control_hz / fps)
     if abs(per_frame * fps - control_hz) > 1e-9:
@@ -115,7 +135,7 @@ def generate_episode(
     with writer:
         for tick in range(round(spec.time_limit_s * control_hz) + 1):
             now = workcell.time
-            target = plan.sample(now)
+            target, label = command(now)
             if tick % per_frame == 0:
                 evaluation = tasks.evaluate(workcell, spec)
                 writer.add_step(
@@ -127,7 +147,7 @@ def generate_episode(
                     subtask=evaluation.stage,
                     sim_state=workcell.physics_state(),
                 )
-                plan_labels.append(plan.subtask(now))
+                plan_labels.append(label)
             workcell.set_targets(target + noise.sample())
             workcell.step(1.0 / control_hz)
             if tracker.update(tasks.evaluate(workcell, spec), workcell.time):
@@ -141,25 +161,39 @@ def generate_episode(
                 "plan_subtasks": plan_labels,
                 "instabilities": workcell.instabilities,
                 "command_noise_rad": command_noise_rad,
+                "expert": "feedback" if isinstance(expert, FeedbackExpert) else "plan",
+                "unreachable_ticks": getattr(expert, "unreachable_ticks", 0),
             },
         )
     return succeeded
 
 
+def make_expert(kind: str, workcell: Workcell) -> ScriptedExpert | FeedbackExpert:
+    """The demonstrator `kind` (one of EXPERTS) for `workcell`'s model."""
+    if kind not in EXPERTS:
+        raise ValueError(f"expert must be one of {EXPERTS}, got {kind!r}")
+    return FeedbackExpert(workcell.model) if kind == "feedback" else ScriptedExpert(workcell.model)
+
+
 def generate_range(
-    out: Path, seed_start: int, first: int, count: int, command_noise_rad: float = 0.0
+    out: Path,
+    seed_start: int,
+    first: int,
+    count: int,
+    command_noise_rad: float = 0.0,
+    expert: str = "plan",
 ) -> Iterator[tuple[int, Path, bool]]:
     """Episodes first .. first + count - 1 (seeds seed_start + index) in one fresh workcell,
     written to `out`; yields (seed, path, succeeded) after each, so a caller may consume the
     file before the next episode runs."""
     workcell = Workcell(WorkcellConfig())
-    expert = ScriptedExpert(workcell.model)
+    demonstrator = make_expert(expert, workcell)
     try:
         for index in range(first, first + count):
             seed = seed_start + index
             path = episode_path(out, index)
             ok = generate_episode(
-                workcell, expert, seed, path, index, command_noise_rad=command_noise_rad
+                workcell, demonstrator, seed, path, index, command_noise_rad=command_noise_rad
             )
             logger.info("episode %d (seed %d): success=%s", index, seed, ok)
             yield seed, path, ok
@@ -168,12 +202,17 @@ def generate_range(
 
 
 def _generate_range(
-    out: Path, seed_start: int, first: int, count: int, command_noise_rad: float = 0.0
+    out: Path,
+    seed_start: int,
+    first: int,
+    count: int,
+    command_noise_rad: float = 0.0,
+    expert: str = "plan",
 ) -> dict[int, bool]:
     """`generate_range`'s outcomes, seed -> succeeded."""
     return {
         seed: ok
-        for seed, _, ok in generate_range(out, seed_start, first, count, command_noise_rad)
+        for seed, _, ok in generate_range(out, seed_start, first, count, command_noise_rad, expert)
     }
 
 
@@ -195,7 +234,12 @@ def split_range(episodes: int, workers: int) -> list[tuple[int, int]]:
 
 
 def generate(
-    out: Path, episodes: int, seed_start: int, workers: int = 1, command_noise_rad: float = 0.0
+    out: Path,
+    episodes: int,
+    seed_start: int,
+    workers: int = 1,
+    command_noise_rad: float = 0.0,
+    expert: str = "plan",
 ) -> dict:
     """Writes episodes seed_start .. seed_start + episodes - 1 into `out` (indices 0..), split
     into `workers` contiguous ranges, each run by its own process with its own workcell."""
@@ -206,7 +250,7 @@ def generate(
     ranges = split_range(episodes, workers)
     results: dict[int, bool] = {}
     if len(ranges) == 1:
-        results = _generate_range(out, seed_start, *ranges[0], command_noise_rad)
+        results = _generate_range(out, seed_start, *ranges[0], command_noise_rad, expert)
     else:
         # spawn: each worker starts its own MuJoCo / EGL context, nothing inherited.
         context = multiprocessing.get_context("spawn")
@@ -214,7 +258,7 @@ def generate(
         with context.Pool(len(ranges), log_to_stderr, (level,)) as pool:
             parts = [
                 pool.apply_async(
-                    _generate_range, (out, seed_start, first, count, command_noise_rad)
+                    _generate_range, (out, seed_start, first, count, command_noise_rad, expert)
                 )
                 for first, count in ranges
             ]
@@ -225,6 +269,7 @@ def generate(
         "seed_start": seed_start,
         "workers": workers,
         "command_noise_rad": command_noise_rad,
+        "expert": expert,
         "succeeded": sum(results.values()),
         "failed_seeds": sorted(s for s, ok in results.items() if not ok),
         "wall_s": time.monotonic() - started,
@@ -249,10 +294,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0.0,
         help="DART: std of correlated noise added to the executed arm targets (labels stay clean)",
     )
+    parser.add_argument(
+        "--expert",
+        choices=EXPERTS,
+        default="plan",
+        help="plan: the scripted expert's one plan; feedback: targets from the state each tick",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     summary = generate(
-        Path(args.out), args.episodes, args.seed_start, args.workers, args.command_noise_rad
+        Path(args.out),
+        args.episodes,
+        args.seed_start,
+        args.workers,
+        args.command_noise_rad,
+        args.expert,
     )
     print(
         f"generated {summary['succeeded']}/{summary['episodes']} successful episodes "
