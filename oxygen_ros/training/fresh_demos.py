@@ -29,20 +29,25 @@ from oxygen_ros.training import data as _data
 
 @dataclasses.dataclass(frozen=True)
 class DemoSet:
-    """One block of seeds: seed_start .. seed_start + episodes - 1, with command noise."""
+    """One block of seeds: seed_start .. seed_start + episodes - 1, with command noise, from
+    one of `generate_demos.EXPERTS`."""
 
     seed_start: int
     episodes: int
     command_noise_rad: float = 0.0
+    expert: str = "plan"
 
     @classmethod
     def parse(cls, text: str) -> DemoSet:
-        """ "START:COUNT" or "START:COUNT:NOISE_RAD"."""
+        """ "START:COUNT", "START:COUNT:NOISE_RAD" or "START:COUNT:NOISE_RAD:EXPERT"."""
         parts = text.split(":")
-        if len(parts) not in (2, 3):
-            raise ValueError(f"demo set {text!r}: expected START:COUNT[:NOISE_RAD]")
-        noise = float(parts[2]) if len(parts) == 3 else 0.0
-        return cls(int(parts[0]), int(parts[1]), noise)
+        if len(parts) not in (2, 3, 4):
+            raise ValueError(f"demo set {text!r}: expected START:COUNT[:NOISE_RAD[:EXPERT]]")
+        noise = float(parts[2]) if len(parts) >= 3 else 0.0
+        expert = parts[3] if len(parts) == 4 else "plan"
+        if expert not in generate_demos.EXPERTS:
+            raise ValueError(f"demo set {text!r}: expert must be one of {generate_demos.EXPERTS}")
+        return cls(int(parts[0]), int(parts[1]), noise, expert)
 
 
 SCRATCH_MIN_FREE_BYTES = 1 << 30  # an episode file is a few MB; one per worker at a time
@@ -65,7 +70,12 @@ def _worker(
     parts, failed = [], []
     with tempfile.TemporaryDirectory(dir=_scratch_dir()) as scratch:
         for seed, path, ok in generate_demos.generate_range(
-            Path(scratch), demo_set.seed_start, first, count, demo_set.command_noise_rad
+            Path(scratch),
+            demo_set.seed_start,
+            first,
+            count,
+            demo_set.command_noise_rad,
+            demo_set.expert,
         ):
             if ok:
                 parts.append(_data.load_episodes([path], config, object_state=object_state))

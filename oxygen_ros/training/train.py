@@ -713,7 +713,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--generate",
         action="append",
         default=[],
-        metavar="START:COUNT[:NOISE_RAD]",
+        metavar="START:COUNT[:NOISE_RAD[:EXPERT]]",
         help="instead of --data: generate these seeds' demonstrations in memory "
         "(training/fresh_demos.py); repeatable",
     )

@@ -30,7 +30,10 @@ def _assert_episodes_equal(got: data.Episodes, want: data.Episodes) -> None:
 def test_demo_set_parses_seeds_and_noise() -> None:
     assert fresh_demos.DemoSet.parse("1000:20") == fresh_demos.DemoSet(1000, 20, 0.0)
     assert fresh_demos.DemoSet.parse("3000:5:0.025") == fresh_demos.DemoSet(3000, 5, 0.025)
-    for bad in ("1000", "1:2:3:4", "a:2"):
+    assert fresh_demos.DemoSet.parse("3000:5:0.01:feedback") == fresh_demos.DemoSet(
+        3000, 5, 0.01, "feedback"
+    )
+    for bad in ("1000", "1:2:3:plan:5", "a:2", "1:2:0:oracle"):
         with pytest.raises(ValueError):
             fresh_demos.DemoSet.parse(bad)
 
