@@ -17,9 +17,10 @@ reading is the limit; if it fails, the data is.
 
 Variants (flags) add to the inputs the joint velocities (`--velocity`), the time since the
 episode began (`--time`: an oracle of a time-indexed plan's phase), the named cube's (x, y)
-(`--target`), drop the joints (`--no-joints`), train on absolute targets (`--absolute`), or
-add noise to the training inputs' arm joints with the delta targets taken from the noisy state
-(`--state-noise-rad`). Results: docs/TRAINING.md ("Run 12").
+(`--target`), the named cube's initial yaw as an oracle (`--yaw`), drop the joints
+(`--no-joints`), train on absolute targets (`--absolute`), or add noise to the training inputs'
+arm joints with the delta targets taken from the noisy state (`--state-noise-rad`) or to the
+grippers' (`--gripper-noise`). Results: docs/TRAINING.md (runs 12 and 13).
 
 `python -m benchmarks.state_policy --data DIR [DIR ...] --cache F.npz [...] --seeds 0:10
 --steps 5000 [variant flags] --out results.json` from the repository root.
