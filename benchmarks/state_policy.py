@@ -225,7 +225,7 @@ def load(paths: list[str], cache: str) -> dict[str, np.ndarray]:
         steps = ep.qpos.shape[0]
         cubes = workcell_cubes.episode_cube_states(ep.images[workcell_cubes.CAMERA])
         spec = tasks.sample_episode(ep.seed, ep.instruction)
-        rows = np.minimum(np.arange(steps)[:, None] + np.arange(horizon), steps - 1)
+        rows = data.chunk_indices(steps, horizon)
         for name, value in (
             ("state", np.concatenate([ep.qpos.astype(np.float32), cubes], axis=1)),
             ("qvel", ep.qvel.astype(np.float32)),

@@ -65,10 +65,7 @@ _PICK_PHASES = (
     (3, "hold", "closed"),
 )
 _MOVE_PHASES = (
-    (0, "above", "open"),
-    (0, "grasp", "open"),
-    (1, "close", "closed"),
-    (2, "lift", "closed"),
+    *_PICK_PHASES[:4],  # reach, grasp and lift as for a pick
     (3, "carry", "closed"),
     (4, "place", "closed"),
     (5, "release", "open"),
@@ -148,13 +145,12 @@ class FeedbackExpert:
             raise RuntimeError("reset() before command()")
         spec = self._spec
         kind = self._phases[self._phase][1]
-        if self._phase + 1 < len(self._phases) and self._reached(
-            workcell, kind, self._waypoint(workcell, kind)
-        ):
+        waypoint = self._waypoint(workcell, kind)
+        if self._phase + 1 < len(self._phases) and self._reached(workcell, kind, waypoint):
             self._phase += 1
             self._phase_start = workcell.time
             kind = self._phases[self._phase][1]
-        waypoint = self._waypoint(workcell, kind)
+            waypoint = self._waypoint(workcell, kind)
         kin = self.kinematics[spec.arm]
         result = kin.solve(waypoint, self._rotation, self._ik_seed)
         if not result.converged:

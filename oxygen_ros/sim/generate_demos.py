@@ -101,7 +101,8 @@ def generate_episode(
     spec = tasks.sample_episode(seed)
     workcell.reset(robot.HOME, spec.objects)
     start = workcell.time
-    if isinstance(expert, FeedbackExpert):
+    feedback = isinstance(expert, FeedbackExpert)
+    if feedback:
         expert.reset(workcell, spec)
 
         def command(now: float) -> tuple[np.ndarray, str]:
@@ -161,8 +162,8 @@ def generate_episode(
                 "plan_subtasks": plan_labels,
                 "instabilities": workcell.instabilities,
                 "command_noise_rad": command_noise_rad,
-                "expert": "feedback" if isinstance(expert, FeedbackExpert) else "plan",
-                "unreachable_ticks": getattr(expert, "unreachable_ticks", 0),
+                "expert": "feedback" if feedback else "plan",
+                "unreachable_ticks": expert.unreachable_ticks if feedback else 0,
             },
         )
     return succeeded

@@ -110,6 +110,12 @@ class Samples:
         return out
 
 
+def chunk_indices(steps: int, horizon: int) -> np.ndarray:
+    """[steps, horizon] step indices of each step's action chunk: the next `horizon` steps,
+    the last step repeated past the episode's end."""
+    return np.minimum(np.arange(steps)[:, None] + np.arange(horizon), steps - 1)
+
+
 def load_episodes(
     paths: Sequence[str | os.PathLike],
     config: ModelConfig,
@@ -145,7 +151,7 @@ def load_episodes(
             cubes = workcell_cubes.episode_cube_states(ep.images[workcell_cubes.CAMERA])
             joints = np.concatenate([joints, cubes], axis=1)
         state.append(joints)
-        rows = np.minimum(np.arange(steps)[:, None] + np.arange(config.action_horizon), steps - 1)
+        rows = chunk_indices(steps, config.action_horizon)
         actions.append(ep.action[rows].astype(np.float32))
         episode.append(np.full((steps,), index, np.int32))
         stage.append(np.array([language.stage_index(spec, s) for s in ep.subtasks], np.int32))
