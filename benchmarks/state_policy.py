@@ -22,8 +22,14 @@ episode began (`--time`: an oracle of a time-indexed plan's phase), the named cu
 arm joints with the delta targets taken from the noisy state (`--state-noise-rad`) or to the
 grippers' (`--gripper-noise`). Results: docs/TRAINING.md (runs 12 and 13).
 
+DAgger (`--dagger-rounds R`): after each fit, the MLP runs `--dagger-episodes` episodes on seeds
+from `--dagger-seed-start` (never the evaluation's), every observation is labelled with the
+feedback expert's chunk from that state (`training.dagger`, `--regrasp-m`; with `--beta` the
+expert's chunk is executed instead of the MLP's at that share of frames), the rows join the
+training set and the MLP is trained again from scratch; each round is evaluated on `--seeds`.
+
 `python -m benchmarks.state_policy --data DIR [DIR ...] --cache F.npz [...] --seeds 0:10
---steps 5000 [variant flags] --out results.json` from the repository root.
+--steps 5000 [variant flags] [--dagger-rounds 4] --out results.json` from the repository root.
 Nothing here imports rclpy.
 """
 
@@ -242,6 +248,114 @@ def load(paths: list[str], cache: str) -> dict[str, np.ndarray]:
     return out
 
 
+def fit(arrays: dict[str, np.ndarray], trainable: np.ndarray, variant: Variant, args):
+    """Trains the MLP on the rows `trainable`; returns (params, stats, losses, seconds)."""
+    inputs = raw_inputs(
+        arrays["state"],
+        arrays["qvel"],
+        arrays["time"],
+        arrays["instruction"],
+        variant,
+        arrays.get("yaw"),
+    )
+    y_raw = targets(arrays["actions"], arrays["state"], variant)
+    stats = Stats(
+        input_mean=inputs[trainable].mean(0),
+        input_std=inputs[trainable].std(0) + 1e-3,
+        target_mean=y_raw[trainable].mean(0),
+        target_std=y_raw[trainable].std(0) + 1e-3,
+    )
+    training = np.flatnonzero(trainable)
+    arm_dims = np.flatnonzero(data.DELTA_ACTION_MASK)
+    grippers = np.array([robot.gripper_index(arm) for arm in robot.ARMS])
+
+    def batches(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        index = training[rng.integers(0, len(training), args.batch_size)]
+        state = arrays["state"][index].copy()
+        if variant.state_noise_rad > 0:
+            state[:, arm_dims] += rng.normal(0, variant.state_noise_rad, (len(index), 12))
+        if variant.gripper_noise > 0:
+            state[:, grippers] += rng.normal(0, variant.gripper_noise, (len(index), 2))
+        inputs = raw_inputs(
+            state,
+            arrays["qvel"][index],
+            arrays["time"][index],
+            arrays["instruction"][index],
+            variant,
+            arrays["yaw"][index] if "yaw" in arrays else None,
+        )
+        y = (targets(arrays["actions"][index], state, variant) - stats.target_mean) / (
+            stats.target_std
+        )
+        return features(inputs, arrays["instruction"][index], stats), y.astype(np.float32)
+
+    started = time.monotonic()
+    params, losses = train(
+        batches,
+        (inputs.shape[1] + arrays["instruction"].shape[1], y_raw.shape[1]),
+        args.steps,
+        args.lr,
+        args.width,
+        args.seed,
+    )
+    return params, stats, losses, time.monotonic() - started
+
+
+def heldout_error(params, stats, arrays, rows, variant, horizon) -> dict[str, float]:
+    """Open-loop error of the chunk on `rows` (robot units)."""
+    sub = {name: value[rows] for name, value in arrays.items()}
+    inputs = raw_inputs(
+        sub["state"], sub["qvel"], sub["time"], sub["instruction"], variant, sub.get("yaw")
+    )
+    x = features(inputs, sub["instruction"], stats)
+    predicted = np.asarray(mlp(params, x)) * stats.target_std + stats.target_mean
+    error = np.abs(predicted - targets(sub["actions"], sub["state"], variant))
+    error = error.reshape(-1, horizon, robot.NUM_JOINTS)
+    return {
+        "first_row_mean_abs_rad": float(error[:, 0].mean()),
+        "chunk_mean_abs_rad": float(error.mean()),
+        "chunk_max_joint_p90_rad": float(np.percentile(error.max(axis=(1, 2)), 90)),
+    }
+
+
+def evaluate(policy, workcell, seeds: list[int], config: rollout.RolloutConfig):
+    """Closed-loop episodes of `policy` on `seeds` (printed as they end)."""
+    results = []
+    for seed in seeds:
+        e = rollout.run_episode(policy, workcell, seed, config)
+        results.append(e)
+        print(
+            f"seed {seed:>4} {e.instruction:45} success={e.success!s:5} "
+            f"stage={e.furthest_stage}/{e.num_stages - 1} "
+            f"closest={1000 * e.min_pinch_distance_m:.0f}mm first_arm={e.moved_arms[0]} "
+            f"({e.arm})",
+            flush=True,
+        )
+    return results
+
+
+def collect(policy, workcell, seeds, config, beta, regrasp_m, first_episode):
+    """DAgger: runs `policy` on `seeds`, labels every observation with the feedback expert's
+    chunk (`training.dagger`); returns the rows as `load` returns them and the episodes."""
+    from oxygen_ros.sim.feedback_expert import FeedbackConfig, FeedbackExpert
+    from oxygen_ros.training import dagger
+
+    expert = FeedbackExpert(workcell.model, FeedbackConfig(regrasp_m=regrasp_m))
+    labels = dagger.Labels()
+    labelling = dagger.LabellingPolicy(policy, expert, labels, beta=beta, seed=first_episode)
+    episodes = evaluate(labelling, workcell, seeds, config)
+    out = labels.arrays()
+    specs = {seed: tasks.sample_episode(seed) for seed in seeds}
+    episode_of = {seed: first_episode + i for i, seed in enumerate(seeds)}
+    out["instruction"] = np.stack(
+        [instruction_features(specs[s].instruction) for s in out["seed"]]
+    )
+    out["yaw"] = np.array([specs[s].objects[specs[s].target][2] for s in out["seed"]], np.float32)
+    out["episode"] = np.array([episode_of[s] for s in out["seed"]], np.int32)
+    del out["seed"]
+    return out, episodes
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True, nargs="+", help="directories of episode_*.hdf5")
@@ -267,6 +381,14 @@ def main(argv=None) -> int:
     parser.add_argument("--state-noise-rad", type=float, default=0.0)
     parser.add_argument("--gripper-noise", type=float, default=0.0)
     parser.add_argument("--yaw", action="store_true")
+    parser.add_argument("--dagger-rounds", type=int, default=0, help="DAgger iterations")
+    parser.add_argument("--dagger-episodes", type=int, default=40, help="learner episodes each")
+    parser.add_argument("--dagger-seed-start", type=int, default=5000)
+    parser.add_argument("--beta", type=float, default=0.0, help="chance a frame runs the expert")
+    parser.add_argument("--regrasp-m", type=float, default=0.03, help="expert's lost-grasp limit")
+    parser.add_argument(
+        "--dagger-cache", default="", help="npz: the DAgger rows (saved each round)"
+    )
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     variant = Variant(
@@ -293,102 +415,75 @@ def main(argv=None) -> int:
         part["episode"] = part["episode"] + offset
     arrays = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
     load_s = time.monotonic() - started
-    inputs = raw_inputs(
-        arrays["state"],
-        arrays["qvel"],
-        arrays["time"],
-        arrays["instruction"],
-        variant,
-        arrays.get("yaw"),
-    )
-    y_raw = targets(arrays["actions"], arrays["state"], variant)
     episodes = np.unique(arrays["episode"])
     test = np.isin(arrays["episode"], episodes[-args.heldout :])
-    train_rows = ~test
-    print(f"{train_rows.sum()} training samples, {test.sum()} held out, loaded in {load_s:.0f} s")
-    stats = Stats(
-        input_mean=inputs[train_rows].mean(0),
-        input_std=inputs[train_rows].std(0) + 1e-3,
-        target_mean=y_raw[train_rows].mean(0),
-        target_std=y_raw[train_rows].std(0) + 1e-3,
-    )
-    x = features(inputs, arrays["instruction"], stats)
-    training = np.flatnonzero(train_rows)
-    arm_dims = np.flatnonzero(data.DELTA_ACTION_MASK)
-    grippers = np.array([robot.gripper_index(arm) for arm in robot.ARMS])
+    print(f"{(~test).sum()} training samples, {test.sum()} held out, loaded in {load_s:.0f} s")
 
-    def batches(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        index = training[rng.integers(0, len(training), args.batch_size)]
-        state = arrays["state"][index].copy()
-        if variant.state_noise_rad > 0:
-            state[:, arm_dims] += rng.normal(0, variant.state_noise_rad, (len(index), 12))
-        if variant.gripper_noise > 0:
-            state[:, grippers] += rng.normal(0, variant.gripper_noise, (len(index), 2))
-        inputs = raw_inputs(
-            state,
-            arrays["qvel"][index],
-            arrays["time"][index],
-            arrays["instruction"][index],
-            variant,
-            arrays["yaw"][index] if "yaw" in arrays else None,
-        )
-        y = (targets(arrays["actions"][index], state, variant) - stats.target_mean) / (
-            stats.target_std
-        )
-        return features(inputs, arrays["instruction"][index], stats), y.astype(np.float32)
+    from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
 
-    started = time.monotonic()
-    params, losses = train(
-        batches, (x.shape[1], y_raw.shape[1]), args.steps, args.lr, args.width, args.seed
-    )
-    train_s = time.monotonic() - started
-    predicted = np.asarray(mlp(params, x[test])) * stats.target_std + stats.target_mean
-    error = np.abs(predicted - y_raw[test]).reshape(-1, horizon, robot.NUM_JOINTS)
-    heldout = {
-        "first_row_mean_abs_rad": float(error[:, 0].mean()),
-        "chunk_mean_abs_rad": float(error.mean()),
-        "chunk_max_joint_p90_rad": float(np.percentile(error.max(axis=(1, 2)), 90)),
-    }
-    print("held out", heldout)
-
-    policy = StatePolicy(params, stats, horizon, variant)
     rollout_config = rollout.RolloutConfig(
         execute_s=args.execute_s, object_state=True, speak=False
     )
-    from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
-
     workcell = Workcell(WorkcellConfig())
-    results = []
+    rounds = []
+    demo_rows = len(test)  # the DAgger rows follow
     try:
-        for seed in rollout.parse_seeds(args.seeds):
-            e = rollout.run_episode(policy, workcell, seed, rollout_config)
-            results.append(e)
-            print(
-                f"seed {seed:>4} {e.instruction:45} success={e.success!s:5} "
-                f"stage={e.furthest_stage}/{e.num_stages - 1} "
-                f"closest={1000 * e.min_pinch_distance_m:.0f}mm first_arm={e.moved_arms[0]} "
-                f"({e.arm})",
-                flush=True,
+        for round_index in range(args.dagger_rounds + 1):
+            params, stats, losses, train_s = fit(arrays, ~test, variant, args)
+            heldout = heldout_error(params, stats, arrays, test, variant, horizon)
+            print(f"round {round_index}: {(~test).sum()} samples, held out {heldout}", flush=True)
+            policy = StatePolicy(params, stats, horizon, variant)
+            results = evaluate(policy, workcell, rollout.parse_seeds(args.seeds), rollout_config)
+            summary = rollout.summarise(results)
+            print(json.dumps({"round": round_index, **summary}), flush=True)
+            record = {
+                "round": round_index,
+                "samples": int((~test).sum()),
+                "train_s": train_s,
+                "losses": losses,
+                "heldout": heldout,
+                "summary": summary,
+                "episodes": [dataclasses.asdict(e) for e in results],
+            }
+            rounds.append(record)
+            if round_index == args.dagger_rounds:
+                break
+            first = args.dagger_seed_start + round_index * args.dagger_episodes
+            seeds = list(range(first, first + args.dagger_episodes))
+            collect_started = time.monotonic()
+            new, visited = collect(
+                policy,
+                workcell,
+                seeds,
+                rollout_config,
+                args.beta,
+                args.regrasp_m,
+                int(arrays["episode"].max()) + 1,
             )
+            record["collected"] = {
+                "seeds": [first, first + args.dagger_episodes],
+                "rows": len(new["state"]),
+                "learner_success_rate": rollout.summarise(visited)["success_rate"],
+                "collect_s": time.monotonic() - collect_started,
+            }
+            print(f"collected {record['collected']}", flush=True)
+            arrays = {name: np.concatenate([arrays[name], new[name]]) for name in arrays}
+            test = np.concatenate([test, np.zeros(len(new["state"]), bool)])
+            if args.dagger_cache:
+                np.savez(
+                    args.dagger_cache,
+                    **{n: v[demo_rows:] for n, v in arrays.items()},
+                )
+            if args.out:
+                Path(args.out).write_text(
+                    json.dumps({"args": vars(args), "rounds": rounds}, indent=1)
+                )
     finally:
         workcell.close()
-    summary = rollout.summarise(results)
-    print(json.dumps({"variant": dataclasses.asdict(variant), **summary}))
+    print(json.dumps({"variant": dataclasses.asdict(variant), **rounds[-1]["summary"]}))
     if args.out:
         Path(args.out).write_text(
-            json.dumps(
-                {
-                    "args": vars(args),
-                    "samples": int(train_rows.sum()),
-                    "load_s": load_s,
-                    "train_s": train_s,
-                    "losses": losses,
-                    "heldout": heldout,
-                    "summary": summary,
-                    "episodes": [dataclasses.asdict(e) for e in results],
-                },
-                indent=1,
-            )
+            json.dumps({"args": vars(args), "load_s": load_s, "rounds": rounds}, indent=1)
         )
     return 0
 

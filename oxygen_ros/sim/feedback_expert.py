@@ -26,7 +26,11 @@ Phase labels are `tasks.subtask_labels(spec)`.
 Invariants:
 - `command` depends only on the workcell's state and the phase machine (phase index, time in
   phase, the last inverse-kinematics solution): no plan, no clock beyond the phase timers.
-- Every label returned is one of `tasks.subtask_labels(spec)`, in order over an episode.
+- Every label returned is one of `tasks.subtask_labels(spec)`, in order over an episode
+  (with `regrasp_m`, a lost grasp starts the order again).
+- `snapshot()` then `restore()` puts the phase machine back exactly: with the workcell's
+  `physics_state`, a caller can ask what the expert would do from any state (DAgger's labels,
+  `training/dagger.py`) and continue as if it had not.
 """
 
 from __future__ import annotations
@@ -54,6 +58,9 @@ class FeedbackConfig:
     place_reached_m: float = 0.006  # the put-down point within this
     close_s: float = 0.8  # gripper closing + settling before the lift
     release_s: float = 0.6  # gripper opening before the retreat
+    regrasp_m: float | None = None  # with the cube's centre further than this from the pinch
+    #   point while the gripper holds it (close to put-down), the grasp is lost: back to the
+    #   first phase (None: never; the demonstrations never lose a cube, a learner does)
 
 
 # (label index, waypoint kind, gripper) of each phase; kind names the pinch target.
@@ -64,6 +71,7 @@ _PICK_PHASES = (
     (2, "lift", "closed"),
     (3, "hold", "closed"),
 )
+_HOLDING = frozenset(("close", "lift", "hold", "carry", "place"))  # kinds with the cube held
 _MOVE_PHASES = (
     *_PICK_PHASES[:4],  # reach, grasp and lift as for a pick
     (3, "carry", "closed"),
@@ -93,11 +101,41 @@ class FeedbackExpert:
         self._phase_start = workcell.time
         self._hold = workcell.joint_positions().copy()  # the idle arm stays here
         self._grasp_point: np.ndarray | None = None  # cube centre when the grasp began
-        kin = self.kinematics[spec.arm]
-        cube = workcell.object_pose(spec.target)
+        self._aim(workcell)
+
+    def _aim(self, workcell: Workcell) -> None:
+        """The grasp rotation and the inverse kinematics' seed for the cube where it is now."""
+        kin = self.kinematics[self._spec.arm]
+        cube = workcell.object_pose(self._spec.target)
         self._rotation = gripper_rotation(DOWN, ScriptedExpert.finger_axis(kin, cube))
         self._ik_seed = np.array(robot.HOME_ARM)
         self._ik_seed[0] = kin.waist_towards(np.asarray(cube.position))
+
+    def snapshot(self) -> tuple:
+        """The phase machine's state (copies), for `restore`."""
+        grasp = None if self._grasp_point is None else self._grasp_point.copy()
+        return (
+            self._phase,
+            self._phase_start,
+            grasp,
+            self._ik_seed.copy(),
+            self._rotation.copy(),
+            self.unreachable_ticks,
+        )
+
+    def restore(self, snapshot: tuple) -> None:
+        phase, start, grasp, seed, rotation, unreachable = snapshot
+        self._phase, self._phase_start, self.unreachable_ticks = phase, start, unreachable
+        self._grasp_point = None if grasp is None else grasp.copy()
+        self._ik_seed, self._rotation = seed.copy(), rotation.copy()
+
+    def _grasp_lost(self, workcell: Workcell, kind: str) -> bool:
+        limit = self.config.regrasp_m
+        if limit is None or kind not in _HOLDING:
+            return False
+        cube = np.asarray(workcell.object_pose(self._spec.target).position)
+        pinch = workcell.site_position(f"{self._spec.arm}_pinch")
+        return float(np.linalg.norm(cube - pinch)) > limit
 
     @property
     def subtask(self) -> str:
@@ -145,6 +183,10 @@ class FeedbackExpert:
             raise RuntimeError("reset() before command()")
         spec = self._spec
         kind = self._phases[self._phase][1]
+        if self._grasp_lost(workcell, kind):
+            self._phase, self._phase_start, self._grasp_point = 0, workcell.time, None
+            self._aim(workcell)
+            kind = self._phases[0][1]
         waypoint = self._waypoint(workcell, kind)
         if self._phase + 1 < len(self._phases) and self._reached(workcell, kind, waypoint):
             self._phase += 1
