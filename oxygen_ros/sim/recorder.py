@@ -12,6 +12,11 @@ One HDF5 file per episode, `episode_<index:06d>.hdf5` (`episode_path`). T steps,
 | `/action` | float32 [T, J] | position targets commanded at the step |
 | `/timestamps` | float64 [T] | sim time of the step, seconds, strictly increasing |
 | `/language/subtask` | UTF-8 string [T] | subtask label at the step |
+| `/action_chunk` (optional) | float32 [T, A, J] | an expert's A targets from the step's state |
+
+`/action_chunk` is written only by relabelling (DAgger, `training/dagger.py`): the policy that
+ran the episode is not the one the chunk comes from, so the next steps' `/action` are not its
+labels. Demonstrations have none (their chunk is the next A steps' `/action`).
 
 Root attributes: `sim` (True), `format_version` (1), `instruction` (str), `task_template`
 (str), `seed` (int), `success` (bool), `episode_index` (int), `joint_names` and `camera_names`
@@ -80,6 +85,7 @@ class Episode:
     fps: float  # steps per second
     format_version: int  # FORMAT_VERSION of the writer
     extra: dict  # free-form metadata
+    action_chunk: np.ndarray | None = None  # float32 [T, A, J], relabelled episodes only
 
     @property
     def num_steps(self) -> int:
@@ -105,7 +111,9 @@ class EpisodeWriter:
         fps: float,
         task_template: str = "",
         sim_state_size: int = 0,
+        chunk_horizon: int = 0,
     ) -> None:
+        """`chunk_horizon` > 0: every step also takes an `action_chunk` of that many rows."""
         self.path = Path(path)
         self.temp_path = self.path.with_name(self.path.name + TEMP_SUFFIX)
         names, cams = tuple(joint_names), tuple(camera_names)
@@ -117,13 +125,17 @@ class EpisodeWriter:
             raise ValueError(f"image_shape must be (H, W) or (H, W, 3), got {image_shape}")
         if min(image_shape[:2]) < 1 or not (fps > 0 and math.isfinite(fps)):
             raise ValueError(f"need positive image_shape and fps, got {image_shape}, {fps}")
-        if sim_state_size < 0:
-            raise ValueError(f"sim_state_size must be >= 0, got {sim_state_size}")
+        if sim_state_size < 0 or chunk_horizon < 0:
+            raise ValueError(
+                f"sim_state_size and chunk_horizon must be >= 0, got {sim_state_size}, "
+                f"{chunk_horizon}"
+            )
         if self.path.exists():
             raise FileExistsError(f"{self.path} already exists")
         self.joint_names, self.camera_names = names, cams
         self.image_shape = (int(image_shape[0]), int(image_shape[1]), 3)
         self.sim_state_size = int(sim_state_size)
+        self.chunk_horizon = int(chunk_horizon)
         self.num_steps = 0
         self._last_time = -math.inf
         self.temp_path.parent.mkdir(parents=True, exist_ok=True)
@@ -139,6 +151,8 @@ class EpisodeWriter:
         }
         if s == 0:  # no chunked layout for zero-width rows: written (T, 0) on close
             del series["observations/sim_state"]
+        if self.chunk_horizon:
+            series["action_chunk"] = ((self.chunk_horizon, j), np.float32)
         self._series = {name: self._create(name, *spec) for name, spec in series.items()}
         self._images = {
             cam: self._create(f"observations/images/{cam}", self.image_shape, np.uint8, True)
@@ -176,8 +190,10 @@ class EpisodeWriter:
         action: np.ndarray,
         subtask: str,
         sim_state: np.ndarray | None = None,
+        action_chunk: np.ndarray | None = None,
     ) -> None:
-        """Appends one step; validates it whole first.
+        """Appends one step; validates it whole first (`action_chunk` [A, J]: given exactly
+        when the writer has a `chunk_horizon`).
 
         Raises:
             ValueError: A wrong shape, dtype or key, a non-finite value, a timestamp not after
@@ -198,6 +214,15 @@ class EpisodeWriter:
             "timestamps": float(timestamp),
             "language/subtask": subtask,
         }
+        if (action_chunk is None) != (self.chunk_horizon == 0):
+            raise ValueError("action_chunk is needed exactly when chunk_horizon > 0")
+        if action_chunk is not None:
+            chunk = np.asarray(action_chunk)
+            if chunk.shape != (self.chunk_horizon, j) or not np.all(np.isfinite(chunk)):
+                raise ValueError(
+                    f"action_chunk: {chunk.shape}, expected finite [{self.chunk_horizon}, {j}]"
+                )
+            values["action_chunk"] = chunk
         if not isinstance(subtask, str):
             raise ValueError(f"subtask must be a str, got {type(subtask).__name__}")
         if set(images) != set(self.camera_names):
@@ -306,4 +331,5 @@ def read_episode(path: str | os.PathLike) -> Episode:
             fps=float(attrs["fps"]),
             format_version=int(attrs["format_version"]),
             extra=json.loads(attrs["extra"]),
+            action_chunk=f["action_chunk"][()] if "action_chunk" in f else None,
         )

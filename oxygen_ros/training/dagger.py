@@ -17,6 +17,13 @@ The expert's phase machine follows the learner: the command at each observation 
 `LabellingPolicy` wraps any rollout policy (`training.rollout.run_episode`'s reset/act):
 it records (state, joint velocities, time, expert chunk, expert subtask) at every observation
 and executes the learner's chunk (or, with probability `beta`, the expert's: DAgger's mixture).
+`RecordingLabeller` also writes each episode in the recorder's layout with the chunks as
+`/action_chunk` (full-size cameras, joints, physics state, the stage as the subtask), which
+`training.data.load_episodes` trains on like a demonstration, failed episodes included.
+
+`python -m oxygen_ros.training.dagger --checkpoint DIR --seeds 5000:5030 --out data/dagger_1
+[--object-state] [--beta 0.5] [--execute-s 0.1]` runs a checkpoint through the engine (as
+`training.rollout` does) and writes its relabelled episodes.
 
 Invariants:
 - Labelling does not change the episode: the physics state and the expert's phase machine after
@@ -27,14 +34,20 @@ Invariants:
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
 from oxygen_ros.sim import robot, tasks
-from oxygen_ros.sim.feedback_expert import FeedbackExpert
+from oxygen_ros.sim.feedback_expert import FeedbackConfig, FeedbackExpert
 from oxygen_ros.sim.generate_demos import CONTROL_HZ, FPS
-from oxygen_ros.sim.workcell import Workcell
+from oxygen_ros.sim.recorder import EpisodeWriter, episode_path, list_episodes
+from oxygen_ros.sim.workcell import CAMERAS, Workcell, WorkcellConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,5 +145,137 @@ class LabellingPolicy:
         labels.subtask.append(subtask)
         labels.seed.append(self._seed)
         if self._rng.random() < self.beta:
-            return rows[:, : robot.NUM_JOINTS], subtask
+            return rows[:, : robot.NUM_JOINTS], None  # the expert speaks for nobody
         return self.learner.act(workcell, observation)
+
+
+class RecordingLabeller(LabellingPolicy):
+    """A `LabellingPolicy` that writes every episode to `out` (`episode_<index>.hdf5`, indices
+    from `first_index`); call `finish(result)` after each `run_episode`."""
+
+    def __init__(self, *args, out: Path, first_index: int = 0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.out, self.index = Path(out), first_index
+        self._writer: EpisodeWriter | None = None
+
+    def reset(self, workcell: Workcell, spec: tasks.EpisodeSpec) -> None:
+        if self._writer is not None:
+            self._writer.abort()  # an episode left without finish()
+        super().reset(workcell, spec)
+        self._spec = spec
+        self._writer = EpisodeWriter(
+            episode_path(self.out, self.index),
+            joint_names=robot.JOINT_NAMES,
+            camera_names=CAMERAS,
+            image_shape=(workcell.config.image_height, workcell.config.image_width),
+            instruction=spec.instruction,
+            seed=spec.seed,
+            episode_index=self.index,
+            fps=self.config.fps,
+            task_template=spec.template,
+            sim_state_size=workcell.physics_state().shape[0],
+            chunk_horizon=self.config.horizon,
+        )
+
+    def act(self, workcell: Workcell, observation) -> tuple[np.ndarray, str | None]:
+        step = {
+            "timestamp": observation.stamp - self._start,
+            "qpos": workcell.joint_positions(),
+            "qvel": workcell.joint_velocities(),
+            "images": {camera: workcell.render(camera) for camera in CAMERAS},
+            "subtask": tasks.evaluate(workcell, self._spec).stage,
+            "sim_state": workcell.physics_state(),
+        }
+        out = super().act(workcell, observation)
+        chunk = self.labels.actions[-1]
+        self._writer.add_step(action=chunk[0], action_chunk=chunk, **step)
+        return out
+
+    def finish(self, result) -> Path:
+        """Closes the episode `run_episode` returned `result` for."""
+        path = self._writer.close(
+            success=result.success,
+            extra={
+                "generator": "oxygen_ros.training.dagger",
+                "beta": self.beta,
+                "expert": "feedback",
+                "expert_subtasks": self.labels.subtask[-result.frames :],
+            },
+        )
+        self._writer = None
+        self.index += 1
+        return path
+
+
+def collect(
+    checkpoint: str,
+    seeds: Sequence[int],
+    out: Path,
+    config,
+    beta: float = 0.0,
+    regrasp_m: float | None = 0.03,
+) -> list:
+    """Runs `checkpoint` (or "expert") on `seeds` and writes their relabelled episodes to
+    `out`; returns the rollouts' results."""
+    from oxygen_ros.training import rollout
+
+    policy, config = rollout.make_policy(checkpoint, config)
+    workcell = Workcell(WorkcellConfig())
+    results = []
+    try:
+        expert = FeedbackExpert(workcell.model, FeedbackConfig(regrasp_m=regrasp_m))
+        labeller = RecordingLabeller(
+            policy,
+            expert,
+            Labels(),
+            beta=beta,
+            seed=seeds[0] if seeds else 0,
+            out=out,
+            first_index=len(list_episodes(out)) if out.exists() else 0,  # appends
+        )
+        for seed in seeds:
+            started = time.monotonic()
+            result = rollout.run_episode(labeller, workcell, seed, config)
+            path = labeller.finish(result)
+            results.append(result)
+            print(
+                f"seed {seed:>5} {result.instruction:45} success={result.success!s:5} "
+                f"stage={result.furthest_stage}/{result.num_stages - 1} frames={result.frames} "
+                f"-> {path.name} {time.monotonic() - started:.0f} s",
+                flush=True,
+            )
+    finally:
+        workcell.close()
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from oxygen_ros.training import rollout
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--checkpoint", required=True, help='a checkpoint dir, or "expert"')
+    parser.add_argument("--seeds", required=True, help='"first:stop" or "a,b,c"')
+    parser.add_argument("--out", required=True, help="directory of the relabelled episodes")
+    parser.add_argument("--beta", type=float, default=0.0, help="share of frames the expert runs")
+    parser.add_argument("--execute-s", type=float, default=0.1)
+    parser.add_argument("--object-state", action="store_true")
+    parser.add_argument("--regrasp-m", type=float, default=0.03)
+    args = parser.parse_args(argv)
+    config = rollout.RolloutConfig(
+        execute_s=args.execute_s, object_state=args.object_state, speak=False
+    )
+    results = collect(
+        args.checkpoint,
+        rollout.parse_seeds(args.seeds),
+        Path(args.out),
+        config,
+        args.beta,
+        args.regrasp_m,
+    )
+    summary = rollout.summarise(results)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -122,7 +122,9 @@ def load_episodes(
     fps: float | None = None,
     object_state: bool = False,
 ) -> Episodes:
-    """Reads successful episodes and builds per-step raw arrays at the model resolution.
+    """Reads successful episodes (and relabelled ones, successful or not: their labels are
+    the expert's chunks, `recorder`'s `/action_chunk`) and builds per-step raw arrays at the
+    model resolution.
 
     With `object_state`, each step's state is the joints followed by the cubes' table
     positions that the workcell's cube detector finds in the recorded top-camera frames (at
@@ -132,7 +134,7 @@ def load_episodes(
     specs, seeds = [], []
     for path in paths:
         ep = recorder.read_episode(path)
-        if not ep.success:
+        if not ep.success and ep.action_chunk is None:
             logger.info("skipping failed episode %s", path)
             continue
         if fps is not None and abs(ep.fps - fps) > 1e-6:
@@ -151,8 +153,16 @@ def load_episodes(
             cubes = workcell_cubes.episode_cube_states(ep.images[workcell_cubes.CAMERA])
             joints = np.concatenate([joints, cubes], axis=1)
         state.append(joints)
-        rows = chunk_indices(steps, config.action_horizon)
-        actions.append(ep.action[rows].astype(np.float32))
+        if ep.action_chunk is not None:  # relabelled (DAgger): the expert's chunk per step
+            if ep.action_chunk.shape[1] != config.action_horizon:
+                raise ValueError(
+                    f"{path}: chunks of {ep.action_chunk.shape[1]} rows, the model's horizon "
+                    f"is {config.action_horizon}"
+                )
+            actions.append(ep.action_chunk.astype(np.float32))
+        else:
+            rows = chunk_indices(steps, config.action_horizon)
+            actions.append(ep.action[rows].astype(np.float32))
         episode.append(np.full((steps,), index, np.int32))
         stage.append(np.array([language.stage_index(spec, s) for s in ep.subtasks], np.int32))
     if not specs:

@@ -200,22 +200,29 @@ def summarise(episodes: Sequence[EpisodeResult]) -> dict:
     }
 
 
+def make_policy(
+    checkpoint: str, config: RolloutConfig, preset: str | None = None
+) -> tuple[EnginePolicy | ExpertPolicy, RolloutConfig]:
+    """The policy a checkpoint directory (or "expert") names, and `config` at its model's
+    image resolution."""
+    from oxygen_ros.training.train import engine_config
+
+    if checkpoint == "expert":
+        return ExpertPolicy(config), config
+    preset = preset or ("workcell_objects" if config.object_state else "workcell")
+    engine = Engine(
+        engine_config(checkpoint, preset=preset, scheduler=SchedulerConfig(mode="shared_kv"))
+    )
+    config = dataclasses.replace(config, resolution=engine.config.model.image_resolution)
+    return EnginePolicy(engine, config), config
+
+
 def rollouts(
     checkpoint: str, seeds: Sequence[int], config: RolloutConfig, preset: str | None = None
 ) -> tuple[list[EpisodeResult], dict]:
     """Runs every seed with one policy and one workcell (checkpoint "expert": the scripted
     expert); returns per-episode results and the summary."""
-    from oxygen_ros.training.train import engine_config
-
-    if checkpoint == "expert":
-        policy = ExpertPolicy(config)
-    else:
-        preset = preset or ("workcell_objects" if config.object_state else "workcell")
-        engine = Engine(
-            engine_config(checkpoint, preset=preset, scheduler=SchedulerConfig(mode="shared_kv"))
-        )
-        config = dataclasses.replace(config, resolution=engine.config.model.image_resolution)
-        policy = EnginePolicy(engine, config)
+    policy, config = make_policy(checkpoint, config, preset)
     workcell = Workcell(WorkcellConfig())
     episodes = []
     try:

@@ -101,6 +101,28 @@ def test_without_sim_state_the_dataset_is_t_by_zero(tmp_path: Path) -> None:
     assert ep.success is False and ep.extra == {}
 
 
+def test_action_chunks_round_trip_and_are_refused_when_missing_or_misshapen(tmp_path) -> None:
+    path = episode_path(tmp_path, 0)
+    chunks = np.random.default_rng(0).normal(size=(2, 4, 14))
+    writer = make_writer(path, chunk_horizon=4)
+    with pytest.raises(ValueError, match="action_chunk is needed"):
+        writer.add_step(**make_step(0))
+    with pytest.raises(ValueError, match=r"expected finite \[4, 14\]"):
+        writer.add_step(**make_step(0), action_chunk=chunks[0, :3])
+    for t in range(2):
+        writer.add_step(**make_step(t), action_chunk=chunks[t])
+    writer.close(success=False)
+    ep = read_episode(path)
+    assert ep.action_chunk.dtype == np.float32
+    np.testing.assert_array_equal(ep.action_chunk, chunks.astype(np.float32))
+    plain = episode_path(tmp_path, 1)
+    with make_writer(plain) as writer:
+        with pytest.raises(ValueError, match="action_chunk is needed"):
+            writer.add_step(**make_step(0), action_chunk=chunks[0])
+        writer.add_step(**make_step(0))
+    assert read_episode(plain).action_chunk is None
+
+
 def test_file_appears_under_its_final_name_only_on_close(tmp_path: Path) -> None:
     path = episode_path(tmp_path / "new_dir", 1)
     writer = make_writer(path)

@@ -1,14 +1,16 @@
 """DAgger's labels (oxygen_ros.training.dagger): the feedback expert's chunk from a state is
 exactly the chunk generate_demos records from it, labelling leaves the episode unchanged, the
 labelling policy executes the learner (or the expert with beta = 1, which then succeeds) and
-records a label per observation, and with `regrasp_m` the expert starts over after a lost grasp
-(without it, it does not)."""
+records a label per observation, written as an episode file that training loads with those
+labels, and with `regrasp_m` the expert starts over after a lost grasp (without it, it does
+not)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from oxygen_ros.engine.config import get_model_config
 from oxygen_ros.sim import generate_demos, robot, tasks
 from oxygen_ros.sim.feedback_expert import FeedbackConfig, FeedbackExpert
 from oxygen_ros.sim.recorder import episode_path, read_episode
@@ -91,12 +93,15 @@ def cell():
     workcell.close()
 
 
-def test_the_learner_runs_and_every_observation_is_labelled(cell) -> None:
+def test_the_learner_runs_and_every_observation_is_labelled_and_recorded(cell, tmp_path) -> None:
     config = rollout.RolloutConfig(execute_s=0.1, speak=False)
     learner = _Hold()
     labels = dagger.Labels()
-    policy = dagger.LabellingPolicy(learner, FeedbackExpert(cell.model), labels)
+    policy = dagger.RecordingLabeller(
+        learner, FeedbackExpert(cell.model), labels, out=tmp_path, first_index=4
+    )
     result = rollout.run_episode(policy, cell, PICK_SEED, config)
+    path = policy.finish(result)
     assert not result.success and result.furthest_stage == 0
     arrays = labels.arrays()
     assert learner.calls == result.frames == len(arrays["state"]) == len(labels.subtask)
@@ -110,6 +115,19 @@ def test_the_learner_runs_and_every_observation_is_labelled(cell) -> None:
     arm = arm[arm != robot.gripper_index(spec.arm)]
     lead = np.abs(arrays["actions"][:, 0, arm] - arrays["state"][:, arm]).max(axis=1)
     assert lead.max() == pytest.approx(FeedbackConfig().lead_rad, abs=1e-3)
+
+    # The file: one step per observation with the expert's chunk, and training loads a failed
+    # relabelled episode with those chunks as its actions.
+    assert path == episode_path(tmp_path, 4)
+    episode = read_episode(path)
+    assert not episode.success and episode.num_steps == result.frames
+    np.testing.assert_array_equal(episode.action_chunk, arrays["actions"])
+    np.testing.assert_array_equal(episode.action, arrays["actions"][:, 0])
+    np.testing.assert_array_equal(episode.qpos, arrays["state"][:, : robot.NUM_JOINTS])
+    assert episode.extra["expert_subtasks"] == labels.subtask
+    loaded = data.load_episodes([path], get_model_config("workcell"))
+    np.testing.assert_array_equal(loaded.actions, arrays["actions"])
+    assert loaded.state.shape == (result.frames, robot.NUM_JOINTS)
 
 
 def test_beta_one_executes_the_experts_chunks_which_succeed(cell) -> None:
