@@ -4,6 +4,9 @@ A classical perception module: per colour, the pixels whose dominant channel is 
 and whose saturation (max - min channel) is high form the cube's blob; the blob's centroid is
 cast as a ray from the calibrated pinhole camera and intersected with the horizontal plane at
 the cube's centre height. The output is the cube's (x, y) on the table in the world frame.
+`yaws` also estimates each cube's yaw modulo 90 degrees (a square's symmetry): the blob's
+pixels are placed on the same plane and the phase of their fourth circular moment about the
+centre, sum |r|^4 exp(4 i phi), is 4 (yaw + 45 degrees) for a square (its corners are furthest).
 
 The workcell's table, arms and grippers are grey (saturation near 0) and each cube is one of
 three saturated colours (`sim.scene.COLOURS`), so a fixed threshold separates them; on the
@@ -81,6 +84,19 @@ class PinholeCamera:
             self.height / 2.0 - f * local[1] / -local[2],
         )
 
+    def on_plane_many(self, u: np.ndarray, v: np.ndarray, plane_z: float) -> np.ndarray:
+        """[N, 2] world (x, y) where the rays through pixels (u[i], v[i]) meet z = plane_z;
+        NaN where a ray never does."""
+        f = self.focal_px
+        local = np.stack(
+            [(u - self.width / 2.0) / f, -(v - self.height / 2.0) / f, -np.ones_like(u)], axis=1
+        )
+        direction = local @ self.rotation.T
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = (plane_z - self.position[2]) / direction[:, 2]
+        t = np.where(np.isfinite(t) & (t > 0), t, np.nan)
+        return (self.position[None, :] + t[:, None] * direction)[:, :2]
+
     def on_plane(self, u: float, v: float, plane_z: float) -> np.ndarray | None:
         """World (x, y) where the ray through (u, v) meets z = plane_z (None: it never does)."""
         direction = self.ray(u, v)
@@ -128,6 +144,40 @@ class CubeDetector:
 
     def blobs(self, image: np.ndarray) -> dict[str, Blob | None]:
         """Per colour, its blob in an RGB uint8 image [H, W, 3] (None: too few pixels)."""
+        out: dict[str, Blob | None] = {}
+        for name, pixels in self._pixels(image).items():
+            if pixels is None:
+                out[name] = None
+            else:
+                rows, cols = pixels
+                out[name] = Blob(
+                    int(rows.size), float(cols.mean() + 0.5), float(rows.mean() + 0.5)
+                )
+        return out
+
+    def yaws(self, image: np.ndarray) -> dict[str, float | None]:
+        """Per colour, the cube's yaw modulo 90 degrees, in radians in [-pi/4, pi/4) (None: not
+        seen, or a blob without a square's fourfold shape)."""
+        out: dict[str, float | None] = {}
+        for name, pixels in self._pixels(image).items():
+            out[name] = None
+            if pixels is None:
+                continue
+            rows, cols = pixels
+            points = self.camera.on_plane_many(cols + 0.5, rows + 0.5, self.plane_z)
+            points = points[np.all(np.isfinite(points), axis=1)]
+            if len(points) < self.min_pixels:
+                continue
+            r = points - points.mean(axis=0)
+            moment = np.sum((r[:, 0] + 1j * r[:, 1]) ** 4)
+            if abs(moment) <= 1e-12 * np.sum(np.sum(r**2, axis=1) ** 2):
+                continue  # round: no orientation
+            yaw = (np.angle(moment) - np.pi) / 4.0
+            out[name] = float((yaw + np.pi / 4) % (np.pi / 2) - np.pi / 4)
+        return out
+
+    def _pixels(self, image: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray] | None]:
+        """Per colour, (rows, cols) of its pixels (None: too few)."""
         if image.shape != (self.camera.height, self.camera.width, 3):
             raise ValueError(
                 f"image {image.shape} does not match the camera "
@@ -136,15 +186,10 @@ class CubeDetector:
         pixels = image.astype(np.int16)
         saturated = (pixels.max(axis=-1) - pixels.min(axis=-1)) >= self.min_saturation
         dominant = pixels.argmax(axis=-1)
-        out: dict[str, Blob | None] = {}
+        out: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
         for name, channel in self.channels.items():
             rows, cols = np.nonzero(saturated & (dominant == channel))
-            if rows.size < self.min_pixels:
-                out[name] = None
-            else:
-                out[name] = Blob(
-                    int(rows.size), float(cols.mean() + 0.5), float(rows.mean() + 0.5)
-                )
+            out[name] = None if rows.size < self.min_pixels else (rows, cols)
         return out
 
     def detect(self, image: np.ndarray) -> dict[str, np.ndarray | None]:

@@ -14,6 +14,7 @@ from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
 
 HALF_SIZE = 0.02  # the cubes' half size: their centres are this high above the table
 TOLERANCE_M = 0.005  # measured worst case 1.7 mm over these 36 cubes (printed with -s)
+YAW_TOLERANCE_DEG = 6.0  # measured worst case 2.4 degrees over the same 36 (15 over 120)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,28 @@ def test_cubes_are_placed_where_the_simulator_put_them(cell, detector) -> None:
             errors.append(float(np.hypot(*(found[name] - (x, y)))))
     print(f"table position error over {len(errors)} cubes: max {max(errors) * 1000:.1f} mm")
     assert max(errors) < TOLERANCE_M
+
+
+def test_cube_yaws_modulo_90_degrees_are_the_simulators(cell, detector) -> None:
+    found, true = [], []
+    for seed in range(12):
+        spec = tasks.sample_episode(seed)
+        cell.reset(robot.HOME, spec.objects)
+        yaws = detector.yaws(cell.render("top"))
+        for name, (_x, _y, yaw) in spec.objects.items():
+            assert yaws[name] is not None and -np.pi / 4 <= yaws[name] < np.pi / 4, (seed, name)
+            found.append(yaws[name])
+            true.append(yaw)
+
+    def errors_deg(shift_deg: float) -> np.ndarray:
+        wrapped = (np.subtract(found, true) - np.radians(shift_deg) + np.pi / 4) % (np.pi / 2)
+        return np.degrees(np.abs(wrapped - np.pi / 4))
+
+    print(f"yaw error over {len(found)} cubes: max {errors_deg(0).max():.1f} deg")
+    assert errors_deg(0).max() < YAW_TOLERANCE_DEG
+    assert errors_deg(10).min() > YAW_TOLERANCE_DEG  # the check tells a 10 degree turn apart
+    grey = np.full((cell.config.image_height, cell.config.image_width, 3), 128, np.uint8)
+    assert set(detector.yaws(grey).values()) == {None}
 
 
 def test_a_cube_out_of_view_is_none_and_in_view_is_found(cell, detector) -> None:
