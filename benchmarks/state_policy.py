@@ -17,7 +17,9 @@ reading is the limit; if it fails, the data is.
 
 Variants (flags) add to the inputs the joint velocities (`--velocity`), the time since the
 episode began (`--time`: an oracle of a time-indexed plan's phase), the named cube's (x, y)
-(`--target`), the named cube's initial yaw as an oracle (`--yaw`), drop the joints
+(`--target`), the named cube's initial yaw as an oracle (`--yaw`), per arm the named cube's
+(x, y) minus the pinch point's (forward kinematics of the joints) and its height (`--pinch`),
+drop the joints
 (`--no-joints`), train on absolute targets (`--absolute`), or add noise to the training inputs'
 arm joints with the delta targets taken from the noisy state (`--state-noise-rad`) or to the
 grippers' (`--gripper-noise`). Results: docs/TRAINING.md (runs 12 and 13).
@@ -26,7 +28,8 @@ DAgger (`--dagger-rounds R`): after each fit, the MLP runs `--dagger-episodes` e
 from `--dagger-seed-start` (never the evaluation's), every observation is labelled with the
 feedback expert's chunk from that state (`training.dagger`, `--regrasp-m`; with `--beta` the
 expert's chunk is executed instead of the MLP's at that share of frames), the rows join the
-training set and the MLP is trained again from scratch; each round is evaluated on `--seeds`.
+training set (`--dagger-share`: that share of every batch comes from them) and the MLP is
+trained again from scratch; each round is evaluated on `--seeds`.
 
 `python -m benchmarks.state_policy --data DIR [DIR ...] --cache F.npz [...] --seeds 0:10
 --steps 5000 [variant flags] [--dagger-rounds 4] --out results.json` from the repository root.
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import glob
 import itertools
 import json
@@ -52,6 +56,7 @@ from oxygen_ros.engine.checkpoint import Normalizer
 from oxygen_ros.engine.config import get_model_config
 from oxygen_ros.perception import workcell_cubes
 from oxygen_ros.sim import recorder, robot, tasks
+from oxygen_ros.sim.kinematics import ArmKinematics
 from oxygen_ros.sim.scene import COLOURS
 from oxygen_ros.training import data, rollout
 
@@ -88,6 +93,8 @@ class Variant:
     gripper_noise: float = 0.0  # training only: noise on the grippers' input (targets absolute)
     yaw: bool = False  # the named cube's yaw at the start as (sin 4 yaw, cos 4 yaw): an oracle
     #   of what the cube detector does not estimate (the grasp turns the wrist with it)
+    pinch: bool = False  # per arm, the named cube's (x, y) minus the pinch point's (forward
+    #   kinematics of the measured joints) and the pinch point's height: the error to servo on
 
 
 @dataclasses.dataclass
@@ -96,6 +103,34 @@ class Stats:
     input_std: np.ndarray
     target_mean: np.ndarray
     target_std: np.ndarray
+
+
+@functools.cache
+def _kinematics() -> dict[str, ArmKinematics]:
+    from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
+
+    cell = Workcell(WorkcellConfig(render=False))
+    return {arm: ArmKinematics(cell.model, arm) for arm in robot.ARMS}
+
+
+def named_cube_xy(state: np.ndarray, instruction: np.ndarray) -> np.ndarray:
+    """[N, 2] the tracked (x, y) of the cube the instruction names (by its colour one-hot)."""
+    colour = np.argmax(instruction[:, len(tasks.TEMPLATES) : len(tasks.TEMPLATES) + 3], 1)
+    first = robot.NUM_JOINTS + 2 * colour
+    rows = np.arange(len(state))
+    return np.stack([state[rows, first], state[rows, first + 1]], axis=1)
+
+
+def pinch_features(state: np.ndarray, instruction: np.ndarray) -> np.ndarray:
+    """[N, 6] per arm: the named cube's (x, y) minus the pinch point's, the pinch height."""
+    cube = named_cube_xy(state, instruction)
+    parts = []
+    for arm, kin in _kinematics().items():
+        columns = robot.arm_slice(arm)
+        joints = state[:, columns.start : columns.start + len(robot.ARM_JOINTS)]
+        pinch = np.stack([kin.forward(q)[0] for q in joints.astype(np.float64)])
+        parts.append(np.concatenate([cube - pinch[:, :2], pinch[:, 2:]], axis=1))
+    return np.concatenate(parts, axis=1).astype(np.float32)
 
 
 def raw_inputs(
@@ -112,10 +147,9 @@ def raw_inputs(
     if variant.yaw:
         parts.append(np.stack([np.sin(4 * yaw), np.cos(4 * yaw)], axis=1).astype(np.float32))
     if variant.target:
-        colour = np.argmax(instruction[:, len(tasks.TEMPLATES) : len(tasks.TEMPLATES) + 3], 1)
-        first = robot.NUM_JOINTS + 2 * colour
-        rows = np.arange(len(state))
-        parts.append(np.stack([state[rows, first], state[rows, first + 1]], axis=1))
+        parts.append(named_cube_xy(state, instruction))
+    if variant.pinch:
+        parts.append(pinch_features(state, instruction))
     if variant.velocity:
         parts.append(qvel)
     if variant.time:
@@ -248,8 +282,16 @@ def load(paths: list[str], cache: str) -> dict[str, np.ndarray]:
     return out
 
 
-def fit(arrays: dict[str, np.ndarray], trainable: np.ndarray, variant: Variant, args):
-    """Trains the MLP on the rows `trainable`; returns (params, stats, losses, seconds)."""
+def fit(
+    arrays: dict[str, np.ndarray],
+    trainable: np.ndarray,
+    variant: Variant,
+    args,
+    relabelled: np.ndarray | None = None,
+):
+    """Trains the MLP on the rows `trainable`; returns (params, stats, losses, seconds). With
+    `args.dagger_share` and a `relabelled` row mask, that share of each batch is drawn from the
+    relabelled rows (the rest from the others); otherwise rows are drawn uniformly."""
     inputs = raw_inputs(
         arrays["state"],
         arrays["qvel"],
@@ -266,11 +308,19 @@ def fit(arrays: dict[str, np.ndarray], trainable: np.ndarray, variant: Variant, 
         target_std=y_raw[trainable].std(0) + 1e-3,
     )
     training = np.flatnonzero(trainable)
+    share = getattr(args, "dagger_share", None)
+    if share is not None and relabelled is not None and relabelled[trainable].any():
+        pools = (np.flatnonzero(trainable & ~relabelled), np.flatnonzero(trainable & relabelled))
+        counts = (args.batch_size - round(share * args.batch_size), round(share * args.batch_size))
+    else:
+        pools, counts = (training,), (args.batch_size,)
     arm_dims = np.flatnonzero(data.DELTA_ACTION_MASK)
     grippers = np.array([robot.gripper_index(arm) for arm in robot.ARMS])
 
     def batches(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        index = training[rng.integers(0, len(training), args.batch_size)]
+        index = np.concatenate(
+            [pool[rng.integers(0, len(pool), n)] for pool, n in zip(pools, counts, strict=True)]
+        )
         state = arrays["state"][index].copy()
         if variant.state_noise_rad > 0:
             state[:, arm_dims] += rng.normal(0, variant.state_noise_rad, (len(index), 12))
@@ -381,6 +431,7 @@ def main(argv=None) -> int:
     parser.add_argument("--state-noise-rad", type=float, default=0.0)
     parser.add_argument("--gripper-noise", type=float, default=0.0)
     parser.add_argument("--yaw", action="store_true")
+    parser.add_argument("--pinch", action="store_true")
     parser.add_argument("--dagger-rounds", type=int, default=0, help="DAgger iterations")
     parser.add_argument("--dagger-episodes", type=int, default=40, help="learner episodes each")
     parser.add_argument("--dagger-seed-start", type=int, default=5000)
@@ -388,6 +439,9 @@ def main(argv=None) -> int:
     parser.add_argument("--regrasp-m", type=float, default=0.03, help="expert's lost-grasp limit")
     parser.add_argument(
         "--dagger-cache", default="", help="npz: the DAgger rows (saved each round)"
+    )
+    parser.add_argument(
+        "--dagger-share", type=float, default=None, help="share of each batch from DAgger rows"
     )
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
@@ -400,6 +454,7 @@ def main(argv=None) -> int:
         state_noise_rad=args.state_noise_rad,
         gripper_noise=args.gripper_noise,
         yaw=args.yaw,
+        pinch=args.pinch,
     )
     horizon = get_model_config("workcell_objects").action_horizon
 
@@ -429,7 +484,8 @@ def main(argv=None) -> int:
     demo_rows = len(test)  # the DAgger rows follow
     try:
         for round_index in range(args.dagger_rounds + 1):
-            params, stats, losses, train_s = fit(arrays, ~test, variant, args)
+            relabelled = np.arange(len(test)) >= demo_rows
+            params, stats, losses, train_s = fit(arrays, ~test, variant, args, relabelled)
             heldout = heldout_error(params, stats, arrays, test, variant, horizon)
             print(f"round {round_index}: {(~test).sum()} samples, held out {heldout}", flush=True)
             policy = StatePolicy(params, stats, horizon, variant)

@@ -313,3 +313,29 @@ def test_state_policy_features_targets_and_training() -> None:
 
     _, losses = sp.train(batches, (8, 3), 1001, 3e-3, 64, 0)
     assert losses[-1] < 0.1 * losses[0]
+
+
+def test_state_policy_pinch_features_are_the_workcells_pinch_to_cube_error() -> None:
+    """--pinch: per arm, the named cube's tracked (x, y) minus the pinch point's and its height,
+    equal (to 0.1 mm: the state is float32) to the workcell's pinch sites at those joints."""
+    sp = _load("state_policy")
+    from oxygen_ros.sim import robot, tasks
+    from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
+
+    cell = Workcell(WorkcellConfig(render=False))
+    try:
+        spec = tasks.sample_episode(0)
+        cell.reset(robot.HOME, spec.objects)
+        cell.set_targets(robot.HOME + 0.15)
+        cell.step(0.5)
+        joints = cell.joint_positions()
+        pinch = {arm: cell.site_position(f"{arm}_pinch") for arm in robot.ARMS}
+    finally:
+        cell.close()
+    cubes = np.array([0.1, -0.2, 0.3, 0.05, -0.1, 0.0])  # red, green, blue (x, y)
+    state = np.concatenate([joints, cubes])[None].astype(np.float32)
+    words = sp.instruction_features("pick up the blue cube")[None]
+    out = sp.pinch_features(state, words)[0]
+    for k, arm in enumerate(robot.ARMS):
+        np.testing.assert_allclose(out[3 * k : 3 * k + 2], cubes[4:6] - pinch[arm][:2], atol=1e-4)
+        np.testing.assert_allclose(out[3 * k + 2], pinch[arm][2], atol=1e-4)
