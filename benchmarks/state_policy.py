@@ -22,7 +22,7 @@ episode began (`--time`: an oracle of a time-indexed plan's phase), the named cu
 drop the joints
 (`--no-joints`), train on absolute targets (`--absolute`), or add noise to the training inputs'
 arm joints with the delta targets taken from the noisy state (`--state-noise-rad`) or to the
-grippers' (`--gripper-noise`). Results: docs/TRAINING.md (runs 12 and 13).
+grippers' (`--gripper-noise`). Results: docs/TRAINING.md (runs 12, 13 and 14).
 
 DAgger (`--dagger-rounds R`): after each fit, the MLP runs `--dagger-episodes` episodes on seeds
 from `--dagger-seed-start` (never the evaluation's), every observation is labelled with the
@@ -441,6 +441,9 @@ def main(argv=None) -> int:
         "--dagger-cache", default="", help="npz: the DAgger rows (saved each round)"
     )
     parser.add_argument(
+        "--dagger-init", nargs="*", default=[], help="npz of earlier DAgger rows (--dagger-cache)"
+    )
+    parser.add_argument(
         "--dagger-share", type=float, default=None, help="share of each batch from DAgger rows"
     )
     parser.add_argument("--out", default="")
@@ -482,6 +485,14 @@ def main(argv=None) -> int:
     workcell = Workcell(WorkcellConfig())
     rounds = []
     demo_rows = len(test)  # the DAgger rows follow
+    for path in args.dagger_init:
+        earlier = dict(np.load(path))
+        earlier["episode"] = (
+            earlier["episode"] - earlier["episode"].min() + arrays["episode"].max() + 1
+        )
+        arrays = {name: np.concatenate([arrays[name], earlier[name]]) for name in arrays}
+        test = np.concatenate([test, np.zeros(len(earlier["state"]), bool)])
+        print(f"{len(earlier['state'])} DAgger rows from {path}")
     try:
         for round_index in range(args.dagger_rounds + 1):
             relabelled = np.arange(len(test)) >= demo_rows

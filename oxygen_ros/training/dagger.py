@@ -27,9 +27,10 @@ and executes the learner's chunk (or, with probability `beta`, the expert's: DAg
 
 Invariants:
 - Labelling does not change the episode: the physics state and the expert's phase machine after
-  `label()` equal those before, except for the phase advance of the kept first command.
+  `expert_chunk()` equal those before, except for the phase advance of the kept first command.
 - Labels use the expert's privileged state (true cube poses); the recorded inputs are only what
   the policy observed.
+- Nothing here imports rclpy.
 """
 
 from __future__ import annotations
