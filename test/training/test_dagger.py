@@ -94,7 +94,7 @@ def cell():
 
 
 def test_the_learner_runs_and_every_observation_is_labelled_and_recorded(cell, tmp_path) -> None:
-    config = rollout.RolloutConfig(execute_s=0.1, speak=False)
+    config = rollout.RolloutConfig(execute_s=0.5, speak=False)
     learner = _Hold()
     labels = dagger.Labels()
     policy = dagger.RecordingLabeller(
