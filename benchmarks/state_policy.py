@@ -384,13 +384,12 @@ def evaluate(policy, workcell, seeds: list[int], config: rollout.RolloutConfig):
     return results
 
 
-def collect(policy, workcell, seeds, config, beta, regrasp_m, first_episode):
+def collect(policy, workcell, seeds, config, beta, regrasp_m, first_episode, expert_kind):
     """DAgger: runs `policy` on `seeds`, labels every observation with the feedback expert's
     chunk (`training.dagger`); returns the rows as `load` returns them and the episodes."""
-    from oxygen_ros.sim.feedback_expert import FeedbackConfig, FeedbackExpert
     from oxygen_ros.training import dagger
 
-    expert = FeedbackExpert(workcell.model, FeedbackConfig(regrasp_m=regrasp_m))
+    expert = dagger.make_labeller(expert_kind, workcell, regrasp_m)
     labels = dagger.Labels()
     labelling = dagger.LabellingPolicy(policy, expert, labels, beta=beta, seed=first_episode)
     episodes = evaluate(labelling, workcell, seeds, config)
@@ -437,6 +436,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dagger-seed-start", type=int, default=5000)
     parser.add_argument("--beta", type=float, default=0.0, help="chance a frame runs the expert")
     parser.add_argument("--regrasp-m", type=float, default=0.03, help="expert's lost-grasp limit")
+    parser.add_argument(
+        "--expert", choices=("feedback", "reactive"), default="feedback", help="DAgger labeller"
+    )
     parser.add_argument(
         "--dagger-cache", default="", help="npz: the DAgger rows (saved each round)"
     )
@@ -526,6 +528,7 @@ def main(argv=None) -> int:
                 args.beta,
                 args.regrasp_m,
                 int(arrays["episode"].max()) + 1,
+                args.expert,
             )
             record["collected"] = {
                 "seeds": [first, first + args.dagger_episodes],

@@ -28,7 +28,10 @@ Experts (`--expert`): `plan` (the default) is the scripted expert, which plans o
 (targets a function of time); `feedback` is `feedback_expert.FeedbackExpert`, whose target at
 every control tick is computed from the measured joints and the true cube pose, so every
 recorded state, noisy ones included, is labelled with a command that steers back. With it,
-`extra.plan_subtasks` holds the feedback expert's phase labels.
+`extra.plan_subtasks` holds the feedback expert's phase labels. `reactive` is
+`reactive_expert.ReactiveExpert`: state feedback with nothing remembered between ticks (no
+phase machine or timer), so the same observed state is always labelled the same way; its
+`plan_subtasks` are the evaluated stages.
 
 The same command (seeds, `--workers`, package versions, machine) writes the same arrays:
 MuJoCo and the EGL renderer are deterministic, and each worker starts a fresh workcell at sim
@@ -53,6 +56,7 @@ import numpy as np
 from oxygen_ros.sim import robot, tasks
 from oxygen_ros.sim.expert import ScriptedExpert
 from oxygen_ros.sim.feedback_expert import FeedbackExpert
+from oxygen_ros.sim.reactive_expert import ReactiveExpert
 from oxygen_ros.sim.recorder import EpisodeWriter, episode_path
 from oxygen_ros.sim.workcell import CAMERAS, Workcell, WorkcellConfig
 
@@ -60,7 +64,8 @@ logger = logging.getLogger("oxygen_ros.sim")
 
 CONTROL_HZ = 50.0
 FPS = 10.0
-EXPERTS = ("plan", "feedback")  # ScriptedExpert's one plan | FeedbackExpert's state feedback
+EXPERTS = ("plan", "feedback", "reactive")  # ScriptedExpert's one plan | FeedbackExpert's
+#   state feedback with a phase machine | ReactiveExpert's memoryless state feedback
 NOISE_TIME_CONSTANT_S = 0.5  # correlation time of the command noise
 
 
@@ -88,7 +93,7 @@ class CommandNoise:
 
 def generate_episode(
     workcell: Workcell,
-    expert: ScriptedExpert | FeedbackExpert,
+    expert: ScriptedExpert | FeedbackExpert | ReactiveExpert,
     seed: int,
     path: Path,
     episode_index: int,
@@ -101,7 +106,7 @@ def generate_episode(
     spec = tasks.sample_episode(seed)
     workcell.reset(robot.HOME, spec.objects)
     start = workcell.time
-    feedback = isinstance(expert, FeedbackExpert)
+    feedback = isinstance(expert, FeedbackExpert | ReactiveExpert)
     if feedback:
         expert.reset(workcell, spec)
 
@@ -162,18 +167,22 @@ def generate_episode(
                 "plan_subtasks": plan_labels,
                 "instabilities": workcell.instabilities,
                 "command_noise_rad": command_noise_rad,
-                "expert": "feedback" if feedback else "plan",
+                "expert": _EXPERT_NAMES[type(expert)],
                 "unreachable_ticks": expert.unreachable_ticks if feedback else 0,
             },
         )
     return succeeded
 
 
-def make_expert(kind: str, workcell: Workcell) -> ScriptedExpert | FeedbackExpert:
+_EXPERT_NAMES = {ScriptedExpert: "plan", FeedbackExpert: "feedback", ReactiveExpert: "reactive"}
+
+
+def make_expert(kind: str, workcell: Workcell) -> ScriptedExpert | FeedbackExpert | ReactiveExpert:
     """The demonstrator `kind` (one of EXPERTS) for `workcell`'s model."""
     if kind not in EXPERTS:
         raise ValueError(f"expert must be one of {EXPERTS}, got {kind!r}")
-    return FeedbackExpert(workcell.model) if kind == "feedback" else ScriptedExpert(workcell.model)
+    by_name = {name: cls for cls, name in _EXPERT_NAMES.items()}
+    return by_name[kind](workcell.model)
 
 
 def generate_range(
@@ -299,7 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--expert",
         choices=EXPERTS,
         default="plan",
-        help="plan: the scripted expert's one plan; feedback: targets from the state each tick",
+        help="plan: the scripted expert's one plan; feedback: targets from the state each tick "
+        "and a phase machine; reactive: targets from the current state alone",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")

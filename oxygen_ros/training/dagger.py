@@ -22,8 +22,10 @@ and executes the learner's chunk (or, with probability `beta`, the expert's: DAg
 `training.data.load_episodes` trains on like a demonstration, failed episodes included.
 
 `python -m oxygen_ros.training.dagger --checkpoint DIR --seeds 5000:5030 --out data/dagger_1
-[--object-state] [--beta 0.5] [--execute-s 0.1]` runs a checkpoint through the engine (as
-`training.rollout` does) and writes its relabelled episodes.
+[--object-state] [--beta 0.5] [--execute-s 0.1] [--expert reactive]` runs a checkpoint through
+the engine (as `training.rollout` does) and writes its relabelled episodes. `--expert reactive`
+labels with `ReactiveExpert` instead (`make_labeller`): it keeps no phase machine, so its label
+at a state does not depend on how the learner got there.
 
 Invariants:
 - Labelling does not change the episode: the physics state and the expert's phase machine after
@@ -47,8 +49,23 @@ import numpy as np
 from oxygen_ros.sim import robot, tasks
 from oxygen_ros.sim.feedback_expert import FeedbackConfig, FeedbackExpert
 from oxygen_ros.sim.generate_demos import CONTROL_HZ, FPS
+from oxygen_ros.sim.reactive_expert import ReactiveExpert
 from oxygen_ros.sim.recorder import EpisodeWriter, episode_path, list_episodes
 from oxygen_ros.sim.workcell import CAMERAS, Workcell, WorkcellConfig
+
+LABELLERS = ("feedback", "reactive")  # the experts that label from any state
+
+
+def make_labeller(
+    kind: str, workcell: Workcell, regrasp_m: float | None = 0.03
+) -> FeedbackExpert | ReactiveExpert:
+    """The labelling expert `kind` (one of LABELLERS); `regrasp_m` is the feedback expert's
+    lost-grasp limit (the reactive expert needs none: it remembers no grasp)."""
+    if kind == "feedback":
+        return FeedbackExpert(workcell.model, FeedbackConfig(regrasp_m=regrasp_m))
+    if kind == "reactive":
+        return ReactiveExpert(workcell.model)
+    raise ValueError(f"expert must be one of {LABELLERS}, got {kind!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +83,9 @@ class LabelConfig:
 
 
 def expert_chunk(
-    workcell: Workcell, expert: FeedbackExpert, config: LabelConfig = LabelConfig()
+    workcell: Workcell,
+    expert: FeedbackExpert | ReactiveExpert,
+    config: LabelConfig = LabelConfig(),
 ) -> tuple[np.ndarray, str]:
     """The expert's chunk [horizon, 14] from the workcell's current state and its subtask
     label there; the workcell and the expert are left as after the first command."""
@@ -118,7 +137,7 @@ class LabellingPolicy:
     def __init__(
         self,
         learner,
-        expert: FeedbackExpert,
+        expert: FeedbackExpert | ReactiveExpert,
         labels: Labels,
         beta: float = 0.0,
         config: LabelConfig = LabelConfig(),
@@ -199,7 +218,7 @@ class RecordingLabeller(LabellingPolicy):
             extra={
                 "generator": "oxygen_ros.training.dagger",
                 "beta": self.beta,
-                "expert": "feedback",
+                "expert": "reactive" if isinstance(self.expert, ReactiveExpert) else "feedback",
                 "expert_subtasks": self.labels.subtask[-result.frames :],
             },
         )
@@ -215,6 +234,7 @@ def collect(
     config,
     beta: float = 0.0,
     regrasp_m: float | None = 0.03,
+    expert_kind: str = "feedback",
 ) -> list:
     """Runs `checkpoint` (or "expert") on `seeds` and writes their relabelled episodes to
     `out`; returns the rollouts' results."""
@@ -224,7 +244,7 @@ def collect(
     workcell = Workcell(WorkcellConfig())
     results = []
     try:
-        expert = FeedbackExpert(workcell.model, FeedbackConfig(regrasp_m=regrasp_m))
+        expert = make_labeller(expert_kind, workcell, regrasp_m)
         labeller = RecordingLabeller(
             policy,
             expert,
@@ -261,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--execute-s", type=float, default=0.1)
     parser.add_argument("--object-state", action="store_true")
     parser.add_argument("--regrasp-m", type=float, default=0.03)
+    parser.add_argument("--expert", choices=LABELLERS, default="feedback", help="the labeller")
     args = parser.parse_args(argv)
     config = rollout.RolloutConfig(
         execute_s=args.execute_s, object_state=args.object_state, speak=False
@@ -272,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config,
         args.beta,
         args.regrasp_m,
+        args.expert,
     )
     summary = rollout.summarise(results)
     print(json.dumps(summary))

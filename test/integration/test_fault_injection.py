@@ -402,6 +402,20 @@ class Rig:
         wait_for(lambda: len(self.actions) >= actions + 20, timeout_s, "new action messages")
         assert self.perception.alive() and self.inference.alive()
 
+    def wait_actions_since(self, started: float, count: int = 30) -> None:
+        """Waits for more than `count` action messages after monotonic time `started` (a
+        restarted node: JAX import, model init, compiles); on timeout the message names the
+        node's state and the end of its log."""
+
+        def state() -> str:
+            node = self.inference
+            alive = node is not None and node.alive()
+            tail = node.log()[-3000:] if node is not None else "not started"
+            got = len(self.actions_since(started))
+            return f"{count + 1} actions ({got} came; inference alive={alive}); log:\n{tail}"
+
+        wait_for(lambda: len(self.actions_since(started)) > count, ENGINE_START_TIMEOUT_S, state)
+
     def actions_since(self, t: float) -> list[ActionRecord]:
         """Action messages received after monotonic time `t`."""
         with self.lock:
@@ -1171,7 +1185,7 @@ def test_kill_9_loses_no_published_memory_entry_and_restart_reopens(rig: Rig) ->
     started = time.monotonic()
     rig.start_inference()
     wait_for(lambda: max(stored) in {e.entry_id for e in late}, 60, "republished entries")
-    wait_for(lambda: len(rig.actions_since(started)) > 30, ENGINE_START_TIMEOUT_S, "actions")
+    rig.wait_actions_since(started)
     restart_s = time.monotonic() - started
     assert f"(last id {max(stored)})" in rig.inference.log()
     assert "moved aside" not in rig.inference.log()
@@ -1200,7 +1214,7 @@ def test_action_process_killed_ends_the_node_with_code_1_then_restart_serves(rig
     assert "the action process exited" in rig.inference.log()
     started = time.monotonic()
     rig.start_inference()
-    wait_for(lambda: len(rig.actions_since(started)) > 30, ENGINE_START_TIMEOUT_S, "actions")
+    rig.wait_actions_since(started)
     rig.assert_serving()
 
 
@@ -1251,7 +1265,7 @@ def test_corrupt_db_moved_aside_new_one_created_then_sigterm_exits_0(rig: Rig) -
     rig.db_path.write_bytes(garbage)
     started = time.monotonic()
     rig.start_inference()
-    wait_for(lambda: len(rig.actions_since(started)) > 30, ENGINE_START_TIMEOUT_S, "actions")
+    rig.wait_actions_since(started)
     log = rig.inference.log()
     assert "moved aside" in log and "[ERROR]" in log, log[-3000:]
     aside = sorted(rig.db_path.parent.glob(rig.db_path.name + ".corrupt-*"))

@@ -1,9 +1,9 @@
-"""DAgger's labels (oxygen_ros.training.dagger): the feedback expert's chunk from a state is
-exactly the chunk generate_demos records from it, labelling leaves the episode unchanged, the
-labelling policy executes the learner (or the expert with beta = 1, which then succeeds) and
-records a label per observation, written as an episode file that training loads with those
-labels, and with `regrasp_m` the expert starts over after a lost grasp (without it, it does
-not)."""
+"""DAgger's labels (oxygen_ros.training.dagger): the feedback (and the reactive) expert's chunk
+from a state is exactly the chunk generate_demos records from it, labelling leaves the episode
+unchanged, the labelling policy executes the learner (or the expert with beta = 1, which then
+succeeds) and records a label per observation, written as an episode file that training loads
+with those labels, and with `regrasp_m` the feedback expert starts over after a lost grasp
+(without it, it does not)."""
 
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ PICK_SEED = 1  # pick_with_arm (the shortest template)
 HORIZON = dagger.LabelConfig().horizon
 
 
-def test_the_chunk_from_each_recorded_state_is_the_recorded_chunk(tmp_path) -> None:
+@pytest.mark.parametrize("kind", dagger.LABELLERS)
+def test_the_chunk_from_each_recorded_state_is_the_recorded_chunk(tmp_path, kind: str) -> None:
     # Both workcells are fresh: their clocks run alike, so the phase timers match bit for bit.
     recording = Workcell(WorkcellConfig())
     try:
         path = episode_path(tmp_path, 0)
-        demo_expert = FeedbackExpert(recording.model)
+        demo_expert = generate_demos.make_expert(kind, recording)
         assert generate_demos.generate_episode(recording, demo_expert, PICK_SEED, path, 0)
     finally:
         recording.close()
@@ -35,7 +36,7 @@ def test_the_chunk_from_each_recorded_state_is_the_recorded_chunk(tmp_path) -> N
 
     cell = Workcell(WorkcellConfig(render=False))
     try:
-        expert = FeedbackExpert(cell.model)
+        expert = dagger.make_labeller(kind, cell, regrasp_m=None)
         spec = tasks.sample_episode(PICK_SEED)
         cell.reset(robot.HOME, spec.objects)
         expert.reset(cell, spec)
