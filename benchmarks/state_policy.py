@@ -22,14 +22,17 @@ episode began (`--time`: an oracle of a time-indexed plan's phase), the named cu
 drop the joints
 (`--no-joints`), train on absolute targets (`--absolute`), or add noise to the training inputs'
 arm joints with the delta targets taken from the noisy state (`--state-noise-rad`) or to the
-grippers' (`--gripper-noise`). Results: docs/TRAINING.md (runs 12, 13 and 14).
+grippers' (`--gripper-noise`). Results: docs/TRAINING.md (runs 12 to 15).
 
 DAgger (`--dagger-rounds R`): after each fit, the MLP runs `--dagger-episodes` episodes on seeds
 from `--dagger-seed-start` (never the evaluation's), every observation is labelled with the
 feedback expert's chunk from that state (`training.dagger`, `--regrasp-m`; with `--beta` the
 expert's chunk is executed instead of the MLP's at that share of frames), the rows join the
 training set (`--dagger-share`: that share of every batch comes from them) and the MLP is
-trained again from scratch; each round is evaluated on `--seeds`.
+trained again from scratch; each round is evaluated on `--seeds`. `--expert reactive` labels
+with the reactive expert (`sim/reactive_expert.py`) instead. `--fits N` fits N MLPs per round
+on the same rows (seeds `--seed` to `--seed` + N - 1) and the policy acts on their mean output:
+how much of a rate is the fit's seed (docs/TRAINING.md run 15).
 
 `python -m benchmarks.state_policy --data DIR [DIR ...] --cache F.npz [...] --seeds 0:10
 --steps 5000 [variant flags] [--dagger-rounds 4] --out results.json` from the repository root.
@@ -184,6 +187,11 @@ def mlp(params: list[dict[str, jax.Array]], x: jax.Array) -> jax.Array:
     return x @ params[-1]["w"] + params[-1]["b"]
 
 
+def ensemble(members: list[list[dict[str, jax.Array]]], x: jax.Array) -> jax.Array:
+    """The mean output of MLPs fit on the same data and normalisation (`--fits`)."""
+    return jnp.mean(jnp.stack([mlp(params, x) for params in members]), axis=0)
+
+
 def train(
     batches, sizes: tuple[int, int], steps: int, lr: float, width: int, seed: int
 ) -> tuple[list[dict[str, jax.Array]], list[float]]:
@@ -214,16 +222,16 @@ def train(
 
 
 class StatePolicy:
-    """The MLP as a rollout policy (speaks nothing)."""
+    """The MLP (or the mean of several, `ensemble`) as a rollout policy (speaks nothing)."""
 
-    def __init__(self, params, stats: Stats, horizon: int, variant: Variant) -> None:
-        self.params = params
+    def __init__(self, members, stats: Stats, horizon: int, variant: Variant) -> None:
+        self.params = members
         self.stats = stats
         self.horizon = horizon
         self.variant = variant
         self._instruction = None
         self._start = 0.0
-        self._forward = jax.jit(mlp)
+        self._forward = jax.jit(ensemble)
 
     def reset(self, workcell, spec: tasks.EpisodeSpec) -> None:
         self._instruction = instruction_features(spec.instruction)
@@ -351,14 +359,14 @@ def fit(
     return params, stats, losses, time.monotonic() - started
 
 
-def heldout_error(params, stats, arrays, rows, variant, horizon) -> dict[str, float]:
+def heldout_error(members, stats, arrays, rows, variant, horizon) -> dict[str, float]:
     """Open-loop error of the chunk on `rows` (robot units)."""
     sub = {name: value[rows] for name, value in arrays.items()}
     inputs = raw_inputs(
         sub["state"], sub["qvel"], sub["time"], sub["instruction"], variant, sub.get("yaw")
     )
     x = features(inputs, sub["instruction"], stats)
-    predicted = np.asarray(mlp(params, x)) * stats.target_std + stats.target_mean
+    predicted = np.asarray(ensemble(members, x)) * stats.target_std + stats.target_mean
     error = np.abs(predicted - targets(sub["actions"], sub["state"], variant))
     error = error.reshape(-1, horizon, robot.NUM_JOINTS)
     return {
@@ -421,6 +429,9 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--fits", type=int, default=1, help="MLPs per round (seeds from --seed), outputs averaged"
+    )
     parser.add_argument("--execute-s", type=float, default=0.1)
     parser.add_argument("--velocity", action="store_true")
     parser.add_argument("--time", action="store_true")
@@ -498,10 +509,19 @@ def main(argv=None) -> int:
     try:
         for round_index in range(args.dagger_rounds + 1):
             relabelled = np.arange(len(test)) >= demo_rows
-            params, stats, losses, train_s = fit(arrays, ~test, variant, args, relabelled)
-            heldout = heldout_error(params, stats, arrays, test, variant, horizon)
+            members, losses, train_s = [], [], 0.0
+            for member in range(args.fits):  # same data and stats, seeds seed, seed + 1, ...
+                member_args = argparse.Namespace(**{**vars(args), "seed": args.seed + member})
+                params, stats, member_losses, seconds = fit(
+                    arrays, ~test, variant, member_args, relabelled
+                )
+                members.append(params)
+                losses.append(member_losses)
+                train_s += seconds
+            losses = losses[0] if args.fits == 1 else losses
+            heldout = heldout_error(members, stats, arrays, test, variant, horizon)
             print(f"round {round_index}: {(~test).sum()} samples, held out {heldout}", flush=True)
-            policy = StatePolicy(params, stats, horizon, variant)
+            policy = StatePolicy(members, stats, horizon, variant)
             results = evaluate(policy, workcell, rollout.parse_seeds(args.seeds), rollout_config)
             summary = rollout.summarise(results)
             print(json.dumps({"round": round_index, **summary}), flush=True)

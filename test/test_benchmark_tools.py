@@ -278,7 +278,10 @@ def test_state_probe_reads_chunks_in_the_models_action_space() -> None:
 def test_state_policy_features_targets_and_training() -> None:
     """benchmarks/state_policy.py: the instruction's words as one-hots (each word changes its
     group), the target cube picked out of the state by colour, delta targets that the policy
-    turns back into the same absolute rows, and a training loop that fits a known map."""
+    turns back into the same absolute rows, a training loop that fits a known map, and the
+    ensemble of `--fits` averaging its members."""
+    import jax
+
     sp = _load("state_policy")
     from oxygen_ros.engine.checkpoint import Normalizer
     from oxygen_ros.training import data
@@ -311,8 +314,14 @@ def test_state_policy_features_targets_and_training() -> None:
         index = r.integers(0, len(x), 64)
         return x[index], np.tanh(x[index] @ weights)
 
-    _, losses = sp.train(batches, (8, 3), 1001, 3e-3, 64, 0)
+    fitted, losses = sp.train(batches, (8, 3), 1001, 3e-3, 64, 0)
     assert losses[-1] < 0.1 * losses[0]
+    # --fits: the policy's output is the members' mean (one member: that MLP's output).
+    other = sp.init_mlp(jax.random.key(1), [8, 64, 64, 64, 3])
+    np.testing.assert_allclose(sp.ensemble([fitted], x), sp.mlp(fitted, x), rtol=1e-6)
+    mean = (np.asarray(sp.mlp(fitted, x)) + np.asarray(sp.mlp(other, x))) / 2
+    np.testing.assert_allclose(sp.ensemble([fitted, other], x), mean, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(mean, sp.mlp(fitted, x), atol=1e-3)
 
 
 def test_state_policy_pinch_features_are_the_workcells_pinch_to_cube_error() -> None:
