@@ -46,6 +46,34 @@ from oxygen_ros.sim.kinematics import ArmKinematics, gripper_rotation
 from oxygen_ros.sim.workcell import Workcell
 
 
+def arm_columns(arm: str) -> np.ndarray:
+    """Indices of `arm`'s six joints in the 14 (robot.JOINT_NAMES order)."""
+    start = robot.arm_slice(arm).start
+    return np.arange(start, start + len(robot.ARM_JOINTS))
+
+
+def lead_command(
+    hold: np.ndarray,
+    measured: np.ndarray,
+    arm: str,
+    goal: np.ndarray,
+    lead_rad: float,
+    gripper: float,
+) -> np.ndarray:
+    """The 14 targets of a state-feedback step: `hold`, with `arm`'s joints at the `measured`
+    ones plus the step towards `goal` [6] (scaled down uniformly so that no joint leads by more
+    than `lead_rad`: a straight line in joint space) and its gripper target at `gripper`."""
+    columns = arm_columns(arm)
+    step = goal - measured[columns]
+    largest = float(np.max(np.abs(step)))
+    if largest > lead_rad:
+        step *= lead_rad / largest
+    target = np.array(hold, dtype=np.float64)
+    target[columns] = measured[columns] + step
+    target[robot.gripper_index(arm)] = gripper
+    return target
+
+
 @dataclasses.dataclass(frozen=True)
 class FeedbackConfig:
     """Tolerances and timing of the feedback expert; waypoints and gripper values are the
@@ -200,18 +228,13 @@ class FeedbackExpert:
             # episode then fails and is no training data) rather than stop the generator.
             self.unreachable_ticks += 1
         self._ik_seed = result.q
-        measured = workcell.joint_positions()
-        columns = robot.arm_slice(spec.arm)
-        arm = np.arange(columns.start, columns.start + len(robot.ARM_JOINTS))
-        step = result.q - measured[arm]
-        largest = float(np.max(np.abs(step)))
-        if largest > self.config.lead_rad:
-            step *= self.config.lead_rad / largest
-        target = self._hold.copy()
-        target[arm] = measured[arm] + step
-        gripper = self._phases[self._phase][2]
         waypoints = self.config.waypoints
-        target[robot.gripper_index(spec.arm)] = (
-            waypoints.gripper_open if gripper == "open" else waypoints.gripper_closed
+        opened = self._phases[self._phase][2] == "open"
+        return lead_command(
+            self._hold,
+            workcell.joint_positions(),
+            spec.arm,
+            result.q,
+            self.config.lead_rad,
+            waypoints.gripper_open if opened else waypoints.gripper_closed,
         )
-        return target

@@ -167,7 +167,7 @@ def generate_episode(
                 "plan_subtasks": plan_labels,
                 "instabilities": workcell.instabilities,
                 "command_noise_rad": command_noise_rad,
-                "expert": _EXPERT_NAMES[type(expert)],
+                "expert": expert_name(expert),
                 "unreachable_ticks": expert.unreachable_ticks if feedback else 0,
             },
         )
@@ -175,6 +175,11 @@ def generate_episode(
 
 
 _EXPERT_NAMES = {ScriptedExpert: "plan", FeedbackExpert: "feedback", ReactiveExpert: "reactive"}
+
+
+def expert_name(expert: ScriptedExpert | FeedbackExpert | ReactiveExpert) -> str:
+    """The `--expert` name (one of EXPERTS) of a demonstrator, as episodes record it."""
+    return _EXPERT_NAMES[type(expert)]
 
 
 def make_expert(kind: str, workcell: Workcell) -> ScriptedExpert | FeedbackExpert | ReactiveExpert:

@@ -50,7 +50,8 @@ import mujoco
 import numpy as np
 
 from oxygen_ros.sim import robot, tasks
-from oxygen_ros.sim.expert import DOWN, ExpertConfig, ScriptedExpert
+from oxygen_ros.sim.expert import DOWN, ExpertConfig, ScriptedExpert, _up
+from oxygen_ros.sim.feedback_expert import arm_columns, lead_command
 from oxygen_ros.sim.kinematics import ArmKinematics, gripper_rotation
 from oxygen_ros.sim.workcell import Workcell
 
@@ -159,25 +160,17 @@ class ReactiveExpert:
         cube = workcell.object_pose(spec.target)
         rotation = gripper_rotation(DOWN, ScriptedExpert.finger_axis(kin, cube))
         measured = workcell.joint_positions()
-        columns = robot.arm_slice(spec.arm)
-        arm = np.arange(columns.start, columns.start + len(robot.ARM_JOINTS))
-        seed = measured[arm].copy()
+        seed = measured[arm_columns(spec.arm)].copy()
         seed[0] = kin.waist_towards(position)
         result = kin.solve(position, rotation, seed)
         if not result.converged:
             self.unreachable_ticks += 1
-        step = result.q - measured[arm]
-        largest = float(np.max(np.abs(step)))
-        if largest > self.config.lead_rad:
-            step *= self.config.lead_rad / largest
-        target = np.array(robot.HOME)
-        target[arm] = measured[arm] + step
         waypoints = self.config.waypoints
-        target[robot.gripper_index(spec.arm)] = (
-            waypoints.gripper_open if open_gripper else waypoints.gripper_closed
+        return lead_command(
+            robot.HOME,
+            measured,
+            spec.arm,
+            result.q,
+            self.config.lead_rad,
+            waypoints.gripper_open if open_gripper else waypoints.gripper_closed,
         )
-        return target
-
-
-def _up(height_m: float) -> np.ndarray:
-    return np.array((0.0, 0.0, height_m))

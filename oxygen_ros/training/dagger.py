@@ -48,7 +48,7 @@ import numpy as np
 
 from oxygen_ros.sim import robot, tasks
 from oxygen_ros.sim.feedback_expert import FeedbackConfig, FeedbackExpert
-from oxygen_ros.sim.generate_demos import CONTROL_HZ, FPS
+from oxygen_ros.sim.generate_demos import CONTROL_HZ, FPS, expert_name
 from oxygen_ros.sim.reactive_expert import ReactiveExpert
 from oxygen_ros.sim.recorder import EpisodeWriter, episode_path, list_episodes
 from oxygen_ros.sim.workcell import CAMERAS, Workcell, WorkcellConfig
@@ -218,7 +218,7 @@ class RecordingLabeller(LabellingPolicy):
             extra={
                 "generator": "oxygen_ros.training.dagger",
                 "beta": self.beta,
-                "expert": "reactive" if isinstance(self.expert, ReactiveExpert) else "feedback",
+                "expert": expert_name(self.expert),
                 "expert_subtasks": self.labels.subtask[-result.frames :],
             },
         )
