@@ -348,3 +348,195 @@ def test_state_policy_pinch_features_are_the_workcells_pinch_to_cube_error() -> 
     for k, arm in enumerate(robot.ARMS):
         np.testing.assert_allclose(out[3 * k : 3 * k + 2], cubes[4:6] - pinch[arm][:2], atol=1e-4)
         np.testing.assert_allclose(out[3 * k + 2], pinch[arm][2], atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def privileged():
+    return _load("privileged_policy")
+
+
+def _move_seed() -> int:
+    from oxygen_ros.sim import tasks
+
+    return next(s for s in range(100) if tasks.sample_episode(s).action == "move")
+
+
+def test_privileged_blocks_are_the_workcells_true_state(privileged) -> None:
+    """benchmarks/privileged_policy.py: each block equals what the simulator says (cube height,
+    yaw as (sin, cos) of 4 x yaw, goal and start minus the cube, pinch errors) and `columns`
+    selects exactly the chosen blocks."""
+    from oxygen_ros.sim import robot, tasks
+    from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
+
+    spec = tasks.sample_episode(_move_seed())
+    cell = Workcell(WorkcellConfig(render=False))
+    try:
+        cell.reset(robot.HOME, spec.objects)
+        cell.set_targets(robot.HOME + 0.1)
+        cell.step(0.3)
+        x = privileged.all_blocks(cell, spec).astype(np.float64)
+        cube = cell.object_pose(spec.target).position
+        pinch = {arm: cell.site_position(f"{arm}_pinch") for arm in robot.ARMS}
+        joints = cell.joint_positions()
+    finally:
+        cell.close()
+    widths = privileged.BLOCK_WIDTHS
+    offsets = dict(zip(widths, np.cumsum([0, *widths.values()])[:-1], strict=True))
+
+    def block(name):
+        return x[offsets[name] : offsets[name] + widths[name]]
+
+    np.testing.assert_allclose(block("base")[:14], joints, atol=1e-5)
+    np.testing.assert_allclose(block("base")[14:16], cube[:2], atol=1e-6)
+    np.testing.assert_allclose(block("z"), cube[2:], atol=1e-6)
+    yaw = spec.objects[spec.target][2]
+    np.testing.assert_allclose(block("yaw"), [np.sin(4 * yaw), np.cos(4 * yaw)], atol=1e-3)
+    np.testing.assert_allclose(block("goal"), spec.goal_xy() - cube[:2], atol=1e-6)
+    np.testing.assert_allclose(
+        block("start"), np.array(spec.objects[spec.target][:2]) - cube[:2], atol=1e-6
+    )
+    for k, arm in enumerate(robot.ARMS):
+        np.testing.assert_allclose(
+            block("pinch3")[3 * k : 3 * k + 3], cube - pinch[arm], atol=1e-6
+        )
+        np.testing.assert_allclose(
+            block("pinch2")[3 * k : 3 * k + 2], (cube - pinch[arm])[:2], atol=1e-6
+        )
+        np.testing.assert_allclose(block("pinch2")[3 * k + 2], pinch[arm][2], atol=1e-6)
+    base = privileged.columns([])
+    assert len(base) == widths["base"] + widths["pinch2"]
+    with_yaw = privileged.columns(["yaw"])
+    assert sorted(set(with_yaw) - set(base)) == [offsets["yaw"], offsets["yaw"] + 1]
+    three = privileged.columns(["pinch3"])
+    assert offsets["pinch2"] not in three and offsets["pinch3"] in three
+    with pytest.raises(ValueError, match="unknown blocks"):
+        privileged.columns(["colour"])
+
+
+def test_privileged_demonstrations_label_and_evaluate(privileged) -> None:
+    """A demonstration's chunks are the expert's next commands (row k of step i is row 0 of
+    step i + k) and it succeeds; an MLP fit on that episode's rows
+    reproduces its chunks (turned back into absolute rows); in
+    "label" mode with beta 1 the expert's own chunks succeed and every frame is labelled; a
+    policy that holds the arms still (the negative control) fails in "eval" mode."""
+    from oxygen_ros.sim.reactive_expert import ReactiveExpert
+    from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
+
+    seed = _move_seed()
+    cell = Workcell(WorkcellConfig(render=False))
+    try:
+        expert = ReactiveExpert(cell.model)
+        demo, rows = privileged.run_episode(cell, expert, seed, "demo")
+        assert demo.success
+        chunks = rows["chunks"]
+        n = len(chunks)
+        assert rows["features"].shape == (n, sum(privileged.BLOCK_WIDTHS.values()))
+        for k in range(1, privileged.HORIZON):
+            np.testing.assert_array_equal(chunks[: n - k, k], chunks[k:, 0])
+        assert not np.allclose(chunks[:-1, 0], chunks[1:, 0])  # the arm moves
+        policy = privileged.fit(rows, privileged.columns(["z", "goal"]), 1500, 0, 1)
+        got = np.stack(
+            [
+                policy(x, q.astype(np.float64))
+                for x, q in zip(rows["features"], rows["joints"], strict=True)
+            ]
+        )
+        # the fit's error is a small share of the chunks' spread about their mean
+        assert np.abs(got - chunks).mean() < 0.1 * np.abs(chunks - chunks.mean(0)).mean()
+
+        labelled, rows = privileged.run_episode(
+            cell, expert, seed, "label", lambda x, q: None, 1.0, np.random.default_rng(0)
+        )
+        assert labelled.success and len(rows["chunks"]) == len(rows["features"]) > 10
+
+        def still(x, q):
+            return np.repeat(q[None], privileged.HORIZON, 0)
+
+        held, rows = privileged.run_episode(cell, expert, seed, "eval", still)
+        assert not held.success and held.furthest_stage == 0 and rows == {}
+    finally:
+        cell.close()
+
+
+def test_privileged_perceived_blocks_come_from_the_top_camera(privileged) -> None:
+    """--perceived: the cube's (x, y) and yaw from the top camera are within the detector's
+    error of the truth, its height is the table plane's, and the start is the first
+    observation's position, kept after the cube has moved (the goal moves with it)."""
+    from oxygen_ros.sim import robot, tasks
+    from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
+
+    spec = tasks.sample_episode(_move_seed())
+    widths = privileged.BLOCK_WIDTHS
+    offsets = dict(zip(widths, np.cumsum([0, *widths.values()])[:-1], strict=True))
+
+    def block(x, name):
+        return x[offsets[name] : offsets[name] + widths[name]].astype(np.float64)
+
+    cell = Workcell(WorkcellConfig(cameras=("top",)))
+    try:
+        cell.reset(robot.HOME, spec.objects)
+        perception = privileged.Perception("tracked")
+        seen, true = (
+            privileged.all_blocks(cell, spec, perception),
+            privileged.all_blocks(cell, spec),
+        )
+        moved = dict(spec.objects)
+        x, y, yaw = moved[spec.target]
+        moved[spec.target] = (x + 0.03, y - 0.02, yaw + 0.3)
+        cell.reset(robot.HOME, moved)
+        seen2 = privileged.all_blocks(cell, spec, perception)
+        true2 = privileged.all_blocks(cell, spec)
+    finally:
+        cell.close()
+    xy = slice(14, 16)
+    for s, t in ((seen, true), (seen2, true2)):
+        assert np.abs(block(s, "base")[xy] - block(t, "base")[xy]).max() < 0.005
+        assert np.abs(block(s, "yaw") - block(t, "yaw")).max() < 0.2  # 4 x yaw: 3 degrees
+        assert block(s, "z")[0] == pytest.approx(tasks.CUBE_HALF_SIZE_M, abs=1e-3)
+    np.testing.assert_allclose(block(seen, "start"), 0.0, atol=1e-9)
+    start = block(seen, "base")[xy]
+    np.testing.assert_allclose(block(seen2, "start"), start - block(seen2, "base")[xy], atol=1e-6)
+    assert np.abs(block(seen2, "start") - [-0.03, 0.02]).max() < 0.005
+    np.testing.assert_allclose(
+        block(seen2, "goal") - block(seen2, "start"),
+        spec.goal_xy() - spec.objects[spec.target][:2],
+        atol=1e-6,
+    )
+
+
+def test_privileged_whole_views_keep_the_cube_under_a_descending_gripper(privileged) -> None:
+    """--perception whole: while the reactive expert's gripper comes down over the cube, the
+    tracked estimate follows the visible part (the positive control: more than 5 mm off), the
+    whole-view estimate keeps the last whole view (within 3 mm and 5 degrees until the lift)."""
+    from oxygen_ros.sim import robot, tasks
+    from oxygen_ros.sim.reactive_expert import ReactiveExpert
+    from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
+
+    spec = tasks.sample_episode(_move_seed())
+    cell = Workcell(WorkcellConfig(cameras=("top",)))
+    tracked_err, whole_err, whole_yaw_err = [], [], []
+    try:
+        expert = ReactiveExpert(cell.model)
+        cell.reset(robot.HOME, spec.objects)
+        expert.reset(cell, spec)
+        seen = {kind: privileged.Perception(kind) for kind in privileged.PERCEPTIONS}
+        for tick in range(250):
+            pose = cell.object_pose(spec.target)
+            if pose.position[2] > tasks.CUBE_HALF_SIZE_M + 0.003:
+                break  # lifted
+            if tick % 5 == 0:
+                (tracked, _, _), (whole, yaw, _) = (
+                    seen[k].see(cell, spec.target) for k in ("tracked", "whole")
+                )
+                tracked_err.append(np.linalg.norm(tracked[:2] - pose.position[:2]))
+                whole_err.append(np.linalg.norm(whole[:2] - pose.position[:2]))
+                true_yaw = privileged.yaw_of(pose.quaternion)
+                whole_yaw_err.append(abs(np.sin(2 * (yaw - true_yaw))))  # modulo 90 degrees
+            cell.set_targets(expert.command(cell))
+            cell.step(0.02)
+    finally:
+        cell.close()
+    assert len(whole_err) > 10
+    assert max(tracked_err) > 0.005
+    assert max(whole_err) < 0.003
+    assert max(whole_yaw_err) < np.sin(np.radians(10))

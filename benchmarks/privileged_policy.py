@@ -1,0 +1,473 @@
+"""Diagnostic: does behaviour cloning of the reactive expert act closed-loop when the learner
+sees what the expert's control law reads (physics only, no cameras)?
+
+Run 15's state MLP (`benchmarks/state_policy.py`, docs/TRAINING.md) succeeds in about one
+episode in four. Its state is what the perception node gives: the joints and the cube
+detector's tracked (x, y), which jump by 1-2 cm while the fingers cover the cube. The reactive
+expert's command (`sim/reactive_expert.py`) reads more: the named cube's true position
+including its height, its yaw (the wrist turns with it) and, for move, the goal. This benchmark
+gives the same MLP those quantities from the simulator's true state, one block at a time, so
+what the learner lacks can be told apart from what the regression cannot fit.
+
+Inputs, per observation (every 0.1 s of simulated time):
+- always: the 14 measured joints, the named cube's true (x, y), the instruction's words
+  (`state_policy.instruction_features`), and per arm the named cube minus the pinch point
+  (forward kinematics of the measured joints): (dx, dy, pinch height) as `state_policy
+  --pinch`, or with block `pinch3` the 3-D difference;
+- `z`: the cube centre's height (lifted or not);
+- `yaw`: (sin 4 yaw, cos 4 yaw) of the cube's current yaw (a cube looks the same every 90
+  degrees);
+- `goal`: for move, the goal minus the cube's (x, y); (0, 0) for the picks;
+- `start`: the cube's (x, y) at the episode's start minus its current (what a tracker keeping
+  each cube's first position gives; with the direction word it fixes the goal).
+
+Demonstrations: the reactive expert drives the arms at the control rate (50 Hz) with the
+cameras off, exactly as `generate_demos --expert reactive` does, and each observation's target
+is the chunk of its next `horizon` commands at 10 Hz (the last repeated past the end). The MLP
+(`state_policy.train`: 3 x 512, 5000 steps of batch 256) regresses them with the arm joints
+relative to the state and the grippers absolute (openpi's delta mask), normalised. Evaluation:
+the MLP alone on held-out seeds (`--seeds`), each chunk executed for 0.1 s as
+`training.rollout` executes it (linear between rows), success by `tasks.SuccessTracker`.
+DAgger (`--dagger-rounds R`): after each fit the MLP (with the expert's chunk instead at
+`--beta` of the frames) runs `--dagger-episodes` episodes from seed 5000 on, every observation
+is labelled with the reactive expert's chunk from that state (`training.dagger.expert_chunk`),
+the rows join the training set and the MLP is fit again from scratch.
+
+`--perception tracked|whole` takes the cube's blocks from the top camera instead (`Perception`:
+the perception node's tracker and the detector's yaw, or the same from whole views only), for
+the demonstrations and the evaluation alike; no `z` then.
+
+`python -m benchmarks.privileged_policy --blocks z,yaw,goal,pinch3 --demos 1000:2000
+--seeds 0:40 [--perception whole] [--dagger-rounds 3] [--cache F.npz] --out results.json` from
+the repository root (2 worker processes by default). The cache keeps every block of the
+demonstrations (true or perceived: one cache per `--perception`), so runs with other
+`--blocks` reuse it. Results: docs/TRAINING.md run 16. Nothing here imports rclpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ is no package
+
+import state_policy
+
+from oxygen_ros.engine.checkpoint import Normalizer
+from oxygen_ros.perception import workcell_cubes
+from oxygen_ros.sim import robot, tasks
+from oxygen_ros.sim.generate_demos import CONTROL_HZ, FPS
+from oxygen_ros.sim.reactive_expert import ReactiveExpert
+from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
+from oxygen_ros.training import dagger, data
+from oxygen_ros.training.rollout import chunk_target
+
+HORIZON = 10
+# name -> width, in the order the features are laid out; "base" is always in
+BLOCK_WIDTHS = {
+    "base": robot.NUM_JOINTS + 2 + len(state_policy.instruction_features("pick up the red cube")),
+    "z": 1,
+    "yaw": 2,
+    "goal": 2,
+    "start": 2,
+    "pinch2": 3 * len(robot.ARMS),
+    "pinch3": 3 * len(robot.ARMS),
+}
+OPTIONAL = ("z", "yaw", "goal", "start", "pinch3")
+
+
+def yaw_of(quaternion: np.ndarray) -> float:
+    """The rotation about the world's z axis of a (w, x, y, z) quaternion."""
+    w, x, y, z = (float(v) for v in quaternion)
+    return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
+
+
+PERCEPTIONS = ("tracked", "whole")
+WHOLE_FRACTION = 0.85  # a blob this share of the cube's expected silhouette is a whole view
+
+
+def silhouette_pixels(camera, xy: np.ndarray, yaw: float, half: float) -> float:
+    """The pixel area of a cube of half size `half` resting on the table at `xy` with `yaw`:
+    the convex hull of its eight projected corners (whole views measure 0.87-1.03 of it)."""
+    from scipy.spatial import ConvexHull
+
+    c, s = np.cos(yaw), np.sin(yaw)
+    corners = [
+        camera.project(np.array([xy[0] + c * dx - s * dy, xy[1] + s * dx + c * dy, z]))
+        for dx in (-half, half)
+        for dy in (-half, half)
+        for z in (0.0, 2 * half)
+    ]
+    return float(ConvexHull(np.array(corners)).volume)
+
+
+class Perception:
+    """The named cube as the perception module sees it in the top camera, one episode.
+
+    "tracked": the tracked (x, y) (`workcell_cubes.CubeState`, the cube part of the VLA's
+    state) and the detector's yaw (`CubeDetector.yaws`; an unseen or shapeless blob keeps the
+    last one). A gripper over the cube hides part of it and both estimates follow the visible
+    part (up to 2 cm and 45 degrees off before the blob vanishes).
+    "whole": the same detections, taken only from whole views (the blob has at least
+    WHOLE_FRACTION of the cube's expected silhouette); otherwise the last whole view is kept.
+    The start is the first observation's (x, y). No height: a top camera does not measure it;
+    the cube centre is taken on the table plane."""
+
+    def __init__(self, kind: str = "tracked") -> None:
+        if kind not in PERCEPTIONS:
+            raise ValueError(f"perception must be one of {PERCEPTIONS}, got {kind!r}")
+        self.kind = kind
+        self.cubes = workcell_cubes.CubeState()
+        self.xy: np.ndarray | None = None
+        self.yaw = 0.0
+        self.start: np.ndarray | None = None
+
+    def see(self, workcell: Workcell, target: str) -> tuple[np.ndarray, float, np.ndarray]:
+        """(cube centre [3], yaw, start (x, y)) from a fresh top-camera image."""
+        image = workcell.render(workcell_cubes.CAMERA)
+        state = self.cubes.update(image)
+        k = workcell_cubes.CUBE_NAMES.index(target)
+        tracked = np.asarray(state[2 * k : 2 * k + 2], np.float64)
+        height, width = image.shape[:2]
+        found = workcell_cubes.detector(width, height)
+        yaw = found.yaws(image)[target]
+        if self.kind == "tracked":
+            self.xy = tracked
+            self.yaw = self.yaw if yaw is None else yaw
+        else:
+            blob, xy = found.blobs(image)[target], found.detect(image)[target]
+            whole = (
+                blob is not None
+                and xy is not None
+                and yaw is not None
+                and blob.pixels
+                >= WHOLE_FRACTION * silhouette_pixels(found.camera, xy, yaw, found.plane_z)
+            )
+            if whole or self.xy is None:
+                self.xy = tracked
+                self.yaw = self.yaw if yaw is None else yaw
+        if self.start is None:
+            self.start = self.xy.copy()
+        return np.r_[self.xy, found.plane_z], self.yaw, self.start
+
+
+def all_blocks(
+    workcell: Workcell, spec: tasks.EpisodeSpec, perception: Perception | None = None
+) -> np.ndarray:
+    """Every block of BLOCK_WIDTHS, concatenated in its order, from the workcell's true state
+    or, with `perception`, the cube's quantities as the top camera gives them."""
+    goal = spec.goal_xy()
+    if perception is None:
+        pose = workcell.object_pose(spec.target)
+        cube = np.asarray(pose.position, np.float64)
+        yaw = yaw_of(pose.quaternion)
+        start = np.asarray(spec.objects[spec.target][:2], np.float64)
+    else:
+        cube, yaw, start = perception.see(workcell, spec.target)
+        if goal is not None:  # the goal as the perceived start and the words give it
+            goal = start + (goal - np.asarray(spec.objects[spec.target][:2]))
+    angle = 4 * yaw
+    pinch = [workcell.site_position(f"{arm}_pinch") for arm in robot.ARMS]
+    parts = [
+        workcell.joint_positions().astype(np.float64),
+        cube[:2],
+        state_policy.instruction_features(spec.instruction).astype(np.float64),
+        cube[2:],
+        np.array([np.sin(angle), np.cos(angle)]),
+        np.zeros(2) if goal is None else goal - cube[:2],
+        start - cube[:2],
+        np.concatenate([np.r_[cube[:2] - p[:2], p[2]] for p in pinch]),
+        np.concatenate([cube - p for p in pinch]),
+    ]
+    out = np.concatenate(parts)
+    assert len(out) == sum(BLOCK_WIDTHS.values())
+    return out.astype(np.float32)
+
+
+def columns(blocks: Sequence[str]) -> np.ndarray:
+    """The columns of `all_blocks` that `blocks` (names from OPTIONAL) select: base, the
+    chosen blocks, and the 2-D pinch form unless pinch3 is chosen."""
+    unknown = set(blocks) - set(OPTIONAL)
+    if unknown:
+        raise ValueError(f"unknown blocks {sorted(unknown)}; choose from {OPTIONAL}")
+    chosen = {"base", *blocks, "pinch3" if "pinch3" in blocks else "pinch2"}
+    out, first = [], 0
+    for name, width in BLOCK_WIDTHS.items():
+        if name in chosen:
+            out.extend(range(first, first + width))
+        first += width
+    return np.array(out)
+
+
+@dataclasses.dataclass
+class Policy:
+    """The fitted MLPs (their mean, `state_policy.ensemble`) on selected blocks."""
+
+    members: list
+    stats: dict[str, np.ndarray]
+    columns: np.ndarray
+
+    def __post_init__(self) -> None:
+        import jax
+
+        self._forward = jax.jit(state_policy.ensemble)
+
+    def __call__(self, features: np.ndarray, joints: np.ndarray) -> np.ndarray:
+        s = self.stats
+        x = (features[self.columns] - s["input_mean"]) / s["input_std"]
+        out = np.asarray(self._forward(self.members, x[None].astype(np.float32)))[0]
+        rows = (out * s["target_std"] + s["target_mean"]).reshape(HORIZON, robot.NUM_JOINTS)
+        return np.asarray(
+            Normalizer.absolute_actions(rows, joints, data.DELTA_ACTION_MASK), np.float64
+        )
+
+
+@dataclasses.dataclass
+class Episode:
+    seed: int
+    template: str
+    success: bool
+    furthest_stage: int
+    min_pinch_distance_m: float
+    sim_s: float
+
+
+def run_episode(
+    workcell: Workcell,
+    expert: ReactiveExpert,
+    seed: int,
+    mode: str,
+    policy: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+    beta: float = 0.0,
+    rng: np.random.Generator | None = None,
+    perception: str = "",
+) -> tuple[Episode, dict[str, np.ndarray]]:
+    """One episode; mode "demo" (the expert at the control rate, chunks from its own next
+    commands), "label" (the policy, or at `beta` of the frames the expert's chunk, executed;
+    every observation labelled with `dagger.expert_chunk`) or "eval" (the policy alone, no
+    rows). `perception` ("tracked" or "whole"): the cube's blocks from the top camera
+    (`Perception`; the workcell must render it). Returns the episode and its rows: features
+    [N, F], joints [N, 14], chunks [N, A, 14]."""
+    if mode not in ("demo", "label", "eval"):
+        raise ValueError(f"unknown mode {mode!r}")
+    spec = tasks.sample_episode(seed)
+    labels = tasks.subtask_labels(spec)
+    workcell.reset(robot.HOME, spec.objects)
+    expert.reset(workcell, spec)
+    start = workcell.time
+    tracker = tasks.SuccessTracker()
+    seen = Perception(perception) if perception else None
+    per_frame = round(CONTROL_HZ / FPS)
+    dt = 1.0 / CONTROL_HZ
+    features, joints, chunks, commands = [], [], [], []
+    furthest, closest = 0, np.inf
+    done = False
+    while not done and workcell.time - start < spec.time_limit_s:
+        x = all_blocks(workcell, spec, seen)
+        q = workcell.joint_positions().astype(np.float64)
+        rows = None
+        if mode == "label":
+            label, _ = dagger.expert_chunk(workcell, expert, dagger.LabelConfig(HORIZON))
+            chunks.append(label)
+            rows = label if rng is not None and rng.random() < beta else policy(x, q)
+        elif mode == "eval":
+            rows = policy(x, q)
+        if mode != "eval":
+            features.append(x)
+            joints.append(q)
+        for tick in range(per_frame):
+            if rows is None:
+                target = expert.command(workcell)
+                if tick == 0:
+                    commands.append(target)
+            else:
+                target = chunk_target(rows, 1.0 / FPS, tick * dt)
+            workcell.set_targets(target)
+            workcell.step(dt)
+            evaluation = tasks.evaluate(workcell, spec)
+            furthest = max(furthest, labels.index(evaluation.stage))
+            closest = min(closest, evaluation.pinch_distance_m)
+            if tracker.update(evaluation, workcell.time) or workcell.time - start >= (
+                spec.time_limit_s
+            ):
+                done = True
+                break
+    if mode == "demo":
+        chunks = list(np.stack(commands)[data.chunk_indices(len(commands), HORIZON)])
+    episode = Episode(
+        seed, spec.template, tracker.succeeded, furthest, float(closest), workcell.time - start
+    )
+    if mode == "eval":
+        return episode, {}
+    return episode, {
+        "features": np.stack(features),
+        "joints": np.stack(joints).astype(np.float32),
+        "chunks": np.stack(chunks).astype(np.float32),
+    }
+
+
+def _work(job: tuple) -> list[tuple[Episode, dict[str, np.ndarray]]]:
+    seeds, mode, policy_parts, beta, perception = job
+    config = WorkcellConfig(cameras=(workcell_cubes.CAMERA,)) if perception else None
+    workcell = Workcell(config or WorkcellConfig(render=False))
+    expert = ReactiveExpert(workcell.model)
+    policy = Policy(*policy_parts) if policy_parts else None
+    rng = np.random.default_rng(seeds[0]) if seeds else None
+    try:
+        return [
+            run_episode(workcell, expert, s, mode, policy, beta, rng, perception) for s in seeds
+        ]
+    finally:
+        workcell.close()
+
+
+def run_many(
+    seeds: Sequence[int],
+    mode: str,
+    policy: Policy | None = None,
+    beta: float = 0.0,
+    workers: int = 2,
+    perception: str = "",
+) -> list[tuple[Episode, dict[str, np.ndarray]]]:
+    """`run_episode` over `seeds`, split round-robin over `workers` processes (in order)."""
+    parts = (policy.members, policy.stats, policy.columns) if policy else None
+    jobs = [(list(seeds[k::workers]), mode, parts, beta, perception) for k in range(workers)]
+    if workers == 1:
+        results = [_work(jobs[0])]
+    else:
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            results = pool.map(_work, jobs)
+    by_seed = {e.seed: (e, rows) for part in results for e, rows in part}
+    return [by_seed[s] for s in seeds]
+
+
+def stack(
+    results: Sequence[tuple[Episode, dict[str, np.ndarray]]], successful_only: bool
+) -> dict[str, np.ndarray]:
+    kept = [rows for e, rows in results if rows and (e.success or not successful_only)]
+    return {k: np.concatenate([r[k] for r in kept]) for k in ("features", "joints", "chunks")}
+
+
+def fit(
+    rows: dict[str, np.ndarray],
+    cols: np.ndarray,
+    steps: int,
+    seed: int,
+    fits: int,
+    min_std: float = 1e-3,
+) -> Policy:
+    """`fits` MLPs (seeds `seed`..) on the selected columns, their mean as the policy. Inputs
+    are normalised by their std plus `min_std` (a floor: a column that barely varies in the
+    demonstrations, such as the whole-view start minus the cube, would otherwise turn a
+    2 mm error at run time into several standard deviations)."""
+    x = rows["features"][:, cols]
+    y = Normalizer.relative_actions(rows["chunks"], rows["joints"], data.DELTA_ACTION_MASK)
+    y = y.reshape(len(y), -1)
+    stats = {
+        "input_mean": x.mean(0),
+        "input_std": x.std(0) + min_std,
+        "target_mean": y.mean(0),
+        "target_std": y.std(0) + 1e-3,
+    }
+    xn = ((x - stats["input_mean"]) / stats["input_std"]).astype(np.float32)
+    yn = ((y - stats["target_mean"]) / stats["target_std"]).astype(np.float32)
+
+    def batches(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        index = rng.integers(0, len(xn), 256)
+        return xn[index], yn[index]
+
+    members = []
+    for k in range(fits):
+        sizes = (xn.shape[1], yn.shape[1])
+        params, _ = state_policy.train(batches, sizes, steps, 1e-3, 512, seed + k)
+        members.append([{name: np.asarray(v) for name, v in layer.items()} for layer in params])
+    return Policy(members, stats, cols)
+
+
+def summarise(episodes: Sequence[Episode]) -> dict:
+    by_template: dict[str, list[bool]] = {}
+    for e in episodes:
+        by_template.setdefault(e.template, []).append(e.success)
+    return {
+        "episodes": len(episodes),
+        "successes": sum(e.success for e in episodes),
+        "min_pinch_distance_median_mm": 1000
+        * float(np.median([e.min_pinch_distance_m for e in episodes])),
+        "by_template": {k: f"{sum(v)}/{len(v)}" for k, v in sorted(by_template.items())},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--blocks", default="z,yaw,goal,pinch3", help=f"from {OPTIONAL}")
+    parser.add_argument("--demos", default="1000:2000", help="demonstration seeds first:stop")
+    parser.add_argument("--seeds", default="0:40", help="evaluation seeds first:stop")
+    parser.add_argument("--steps", type=int, default=5000)
+    parser.add_argument("--seed", type=int, default=0, help="the first MLP's seed")
+    parser.add_argument("--fits", type=int, default=1)
+    parser.add_argument("--min-std", type=float, default=1e-3, help="added to each input's std")
+    parser.add_argument("--dagger-rounds", type=int, default=0)
+    parser.add_argument("--dagger-episodes", type=int, default=40)
+    parser.add_argument("--beta", type=float, default=0.3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--perception",
+        choices=PERCEPTIONS,
+        default=None,
+        help="the cube's blocks from the top camera (default: the simulator's true state)",
+    )
+    parser.add_argument("--cache", default="", help="demonstration rows (.npz), reused")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    blocks = [b for b in args.blocks.split(",") if b]
+    cols = columns(blocks)
+    perception = args.perception or ""
+    if perception and "z" in blocks:
+        parser.error("--perception has no z block: the top camera does not measure height")
+    started = time.monotonic()
+    first, stop = (int(v) for v in args.demos.split(":"))
+    if args.cache and Path(args.cache).exists():
+        rows = dict(np.load(args.cache))
+    else:
+        demos = run_many(range(first, stop), "demo", workers=args.workers, perception=perception)
+        print("demonstrations", summarise([e for e, _ in demos]), flush=True)
+        rows = stack(demos, successful_only=True)
+        if args.cache:
+            np.savez(args.cache, **rows)
+    report = {"blocks": blocks, "args": vars(args), "rounds": []}
+    next_seed = 5000
+    for round_index in range(args.dagger_rounds + 1):
+        policy = fit(rows, cols, args.steps, args.seed, args.fits, args.min_std)
+        evaluation = run_many(
+            range(*(int(v) for v in args.seeds.split(":"))),
+            "eval",
+            policy,
+            workers=args.workers,
+            perception=perception,
+        )
+        episodes = [e for e, _ in evaluation]
+        entry = {"round": round_index, "rows": len(rows["features"]), **summarise(episodes)}
+        print(f"round {round_index}", entry, f"{time.monotonic() - started:.0f} s", flush=True)
+        report["rounds"].append({**entry, "episodes": [dataclasses.asdict(e) for e in episodes]})
+        Path(args.out).write_text(json.dumps(report, indent=1))
+        if round_index == args.dagger_rounds:
+            break
+        seeds = range(next_seed, next_seed + args.dagger_episodes)
+        next_seed += args.dagger_episodes
+        labelled = run_many(seeds, "label", policy, args.beta, args.workers, perception)
+        print("  collected", summarise([e for e, _ in labelled]), flush=True)
+        new = stack(labelled, successful_only=False)
+        rows = {k: np.concatenate([rows[k], new[k]]) for k in rows}
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
