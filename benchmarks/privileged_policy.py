@@ -143,13 +143,13 @@ class Perception:
             self.xy = tracked
             self.yaw = self.yaw if yaw is None else yaw
         else:
-            blob, xy = found.blobs(image)[target], found.detect(image)[target]
+            # With the blob seen, the tracker holds this image's detection of it.
+            blob = found.blobs(image)[target]
             whole = (
                 blob is not None
-                and xy is not None
                 and yaw is not None
                 and blob.pixels
-                >= WHOLE_FRACTION * silhouette_pixels(found.camera, xy, yaw, found.plane_z)
+                >= WHOLE_FRACTION * silhouette_pixels(found.camera, tracked, yaw, found.plane_z)
             )
             if whole or self.xy is None:
                 self.xy = tracked
@@ -316,8 +316,11 @@ def run_episode(
 
 def _work(job: tuple) -> list[tuple[Episode, dict[str, np.ndarray]]]:
     seeds, mode, policy_parts, beta, perception = job
-    config = WorkcellConfig(cameras=(workcell_cubes.CAMERA,)) if perception else None
-    workcell = Workcell(config or WorkcellConfig(render=False))
+    workcell = Workcell(
+        WorkcellConfig(cameras=(workcell_cubes.CAMERA,))
+        if perception
+        else WorkcellConfig(render=False)
+    )
     expert = ReactiveExpert(workcell.model)
     policy = Policy(*policy_parts) if policy_parts else None
     rng = np.random.default_rng(seeds[0]) if seeds else None
