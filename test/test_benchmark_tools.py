@@ -355,6 +355,18 @@ def privileged():
     return _load("privileged_policy")
 
 
+def _block_offsets(privileged) -> dict[str, int]:
+    """Where each block of `privileged_policy.all_blocks` starts."""
+    widths = privileged.BLOCK_WIDTHS
+    return dict(zip(widths, np.cumsum([0, *widths.values()])[:-1], strict=True))
+
+
+def _block(privileged, x: np.ndarray, name: str) -> np.ndarray:
+    """Block `name` of an `all_blocks` row, as float64."""
+    first = _block_offsets(privileged)[name]
+    return x[first : first + privileged.BLOCK_WIDTHS[name]].astype(np.float64)
+
+
 def _move_seed() -> int:
     from oxygen_ros.sim import tasks
 
@@ -381,10 +393,10 @@ def test_privileged_blocks_are_the_workcells_true_state(privileged) -> None:
     finally:
         cell.close()
     widths = privileged.BLOCK_WIDTHS
-    offsets = dict(zip(widths, np.cumsum([0, *widths.values()])[:-1], strict=True))
+    offsets = _block_offsets(privileged)
 
     def block(name):
-        return x[offsets[name] : offsets[name] + widths[name]]
+        return _block(privileged, x, name)
 
     np.testing.assert_allclose(block("base")[:14], joints, atol=1e-5)
     np.testing.assert_allclose(block("base")[14:16], cube[:2], atol=1e-6)
@@ -466,11 +478,9 @@ def test_privileged_perceived_blocks_come_from_the_top_camera(privileged) -> Non
     from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
 
     spec = tasks.sample_episode(_move_seed())
-    widths = privileged.BLOCK_WIDTHS
-    offsets = dict(zip(widths, np.cumsum([0, *widths.values()])[:-1], strict=True))
 
     def block(x, name):
-        return x[offsets[name] : offsets[name] + widths[name]].astype(np.float64)
+        return _block(privileged, x, name)
 
     cell = Workcell(WorkcellConfig(cameras=("top",)))
     try:
