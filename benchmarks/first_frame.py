@@ -37,14 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=20, help="held-out seeds 0..N-1")
     parser.add_argument("--checkpoint", default="package://oxygen_ros/models/workcell")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/first_frame.json"))
-    parser.add_argument(
-        "--object-state",
-        action="store_true",
-        help="a checkpoint trained with --object-state (preset workcell_objects)",
-    )
+    data.add_object_state_argument(parser)  # as the checkpoint was trained
     args = parser.parse_args(argv)
     checkpoint = resolve_path(args.checkpoint)
-    preset = "workcell_objects" if args.object_state else "workcell"
+    preset = data.OBJECT_STATE_PRESETS[args.object_state]
     engine = Engine(
         train.engine_config(checkpoint, preset=preset, scheduler=SchedulerConfig(mode="shared_kv"))
     )

@@ -33,15 +33,17 @@ DAgger (`--dagger-rounds R`): after each fit the MLP (with the expert's chunk in
 is labelled with the reactive expert's chunk from that state (`training.dagger.expert_chunk`),
 the rows join the training set and the MLP is fit again from scratch.
 
-`--perception tracked|whole` takes the cube's blocks from the top camera instead (`Perception`:
-the perception node's tracker and the detector's yaw, or the same from whole views only), for
-the demonstrations and the evaluation alike; no `z` then.
+`--perception tracked|whole|inhand` takes the cube's blocks from the top camera instead
+(`Perception`: the perception node's tracker and the detector's yaw; `perception.cube_poses`
+from whole views only; or that and, while a gripper holds the cube, the pinch point), for the
+demonstrations and the evaluation alike; `z` only with `inhand` (the pinch point's height while
+held, the table plane's otherwise: a top camera does not measure height).
 
 `python -m benchmarks.privileged_policy --blocks z,yaw,goal,pinch3 --demos 1000:2000
 --seeds 0:40 [--perception whole] [--dagger-rounds 3] [--cache F.npz] --out results.json` from
 the repository root (2 worker processes by default). The cache keeps every block of the
 demonstrations (true or perceived: one cache per `--perception`), so runs with other
-`--blocks` reuse it. Results: docs/TRAINING.md run 16. Nothing here imports rclpy.
+`--blocks` reuse it. Results: docs/TRAINING.md runs 16 and 17. Nothing here imports rclpy.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ import state_policy
 
 from oxygen_ros.engine.checkpoint import Normalizer
 from oxygen_ros.perception import workcell_cubes
+from oxygen_ros.perception.cube_poses import CubePoses
 from oxygen_ros.sim import robot, tasks
 from oxygen_ros.sim.generate_demos import CONTROL_HZ, FPS
 from oxygen_ros.sim.reactive_expert import ReactiveExpert
@@ -90,23 +93,7 @@ def yaw_of(quaternion: np.ndarray) -> float:
     return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
 
 
-PERCEPTIONS = ("tracked", "whole")
-WHOLE_FRACTION = 0.85  # a blob this share of the cube's expected silhouette is a whole view
-
-
-def silhouette_pixels(camera, xy: np.ndarray, yaw: float, half: float) -> float:
-    """The pixel area of a cube of half size `half` resting on the table at `xy` with `yaw`:
-    the convex hull of its eight projected corners (whole views measure 0.87-1.03 of it)."""
-    from scipy.spatial import ConvexHull
-
-    c, s = np.cos(yaw), np.sin(yaw)
-    corners = [
-        camera.project(np.array([xy[0] + c * dx - s * dy, xy[1] + s * dx + c * dy, z]))
-        for dx in (-half, half)
-        for dy in (-half, half)
-        for z in (0.0, 2 * half)
-    ]
-    return float(ConvexHull(np.array(corners)).volume)
+PERCEPTIONS = ("tracked", "whole", "inhand")
 
 
 class Perception:
@@ -115,48 +102,42 @@ class Perception:
     "tracked": the tracked (x, y) (`workcell_cubes.CubeState`, the cube part of the VLA's
     state) and the detector's yaw (`CubeDetector.yaws`; an unseen or shapeless blob keeps the
     last one). A gripper over the cube hides part of it and both estimates follow the visible
-    part (up to 2 cm and 45 degrees off before the blob vanishes).
-    "whole": the same detections, taken only from whole views (the blob has at least
-    WHOLE_FRACTION of the cube's expected silhouette); otherwise the last whole view is kept.
-    The start is the first observation's (x, y). No height: a top camera does not measure it;
-    the cube centre is taken on the table plane."""
+    part (up to 2 cm and 45 degrees off before the blob vanishes). No height: the cube centre
+    is taken on the table plane.
+    "whole": `workcell_cubes.cube_poses` without the arms: whole views only.
+    "inhand": `workcell_cubes.cube_poses`, whole views and, while a gripper holds the cube,
+    the hand's account of it (forward kinematics of the measured joints).
+    The start is the first observation's (x, y)."""
 
     def __init__(self, kind: str = "tracked") -> None:
         if kind not in PERCEPTIONS:
             raise ValueError(f"perception must be one of {PERCEPTIONS}, got {kind!r}")
         self.kind = kind
         self.cubes = workcell_cubes.CubeState()
-        self.xy: np.ndarray | None = None
+        self.poses: CubePoses | None = None
         self.yaw = 0.0
         self.start: np.ndarray | None = None
 
     def see(self, workcell: Workcell, target: str) -> tuple[np.ndarray, float, np.ndarray]:
         """(cube centre [3], yaw, start (x, y)) from a fresh top-camera image."""
         image = workcell.render(workcell_cubes.CAMERA)
+        height, width = image.shape[:2]
+        if self.kind != "tracked":
+            if self.poses is None:
+                self.poses = workcell_cubes.cube_poses(width, height)
+                if self.kind == "whole":
+                    self.poses.hands = {}
+            pose = self.poses.update(image, workcell.joint_positions())[target]
+            return np.r_[pose.xy, pose.z], pose.yaw, pose.start
         state = self.cubes.update(image)
         k = workcell_cubes.CUBE_NAMES.index(target)
-        tracked = np.asarray(state[2 * k : 2 * k + 2], np.float64)
-        height, width = image.shape[:2]
+        xy = np.asarray(state[2 * k : 2 * k + 2], np.float64)
         found = workcell_cubes.detector(width, height)
         yaw = found.yaws(image)[target]
-        if self.kind == "tracked":
-            self.xy = tracked
-            self.yaw = self.yaw if yaw is None else yaw
-        else:
-            # With the blob seen, the tracker holds this image's detection of it.
-            blob = found.blobs(image)[target]
-            whole = (
-                blob is not None
-                and yaw is not None
-                and blob.pixels
-                >= WHOLE_FRACTION * silhouette_pixels(found.camera, tracked, yaw, found.plane_z)
-            )
-            if whole or self.xy is None:
-                self.xy = tracked
-                self.yaw = self.yaw if yaw is None else yaw
+        self.yaw = self.yaw if yaw is None else yaw
         if self.start is None:
-            self.start = self.xy.copy()
-        return np.r_[self.xy, found.plane_z], self.yaw, self.start
+            self.start = xy.copy()
+        return np.r_[xy, found.plane_z], self.yaw, self.start
 
 
 def all_blocks(
@@ -253,7 +234,7 @@ def run_episode(
     """One episode; mode "demo" (the expert at the control rate, chunks from its own next
     commands), "label" (the policy, or at `beta` of the frames the expert's chunk, executed;
     every observation labelled with `dagger.expert_chunk`) or "eval" (the policy alone, no
-    rows). `perception` ("tracked" or "whole"): the cube's blocks from the top camera
+    rows). `perception` (one of PERCEPTIONS): the cube's blocks from the top camera
     (`Perception`; the workcell must render it). Returns the episode and its rows: features
     [N, F], joints [N, 14], chunks [N, A, 14]."""
     if mode not in ("demo", "label", "eval"):
@@ -433,8 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     blocks = [b for b in args.blocks.split(",") if b]
     cols = columns(blocks)
     perception = args.perception or ""
-    if perception and "z" in blocks:
-        parser.error("--perception has no z block: the top camera does not measure height")
+    if perception in ("tracked", "whole") and "z" in blocks:
+        parser.error(f"--perception {perception} has no z block: a top camera measures no height")
     started = time.monotonic()
     first, stop = (int(v) for v in args.demos.split(":"))
     if args.cache and Path(args.cache).exists():

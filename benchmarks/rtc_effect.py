@@ -47,7 +47,7 @@ def measure(checkpoint: str, preset: str, seeds: list[int], betas: list[float]) 
         for seed in seeds:
             spec = tasks.sample_episode(seed)
             observation = data.first_frame(
-                cell, spec, resolution, object_state=preset == "workcell_objects"
+                cell, spec, resolution, object_state=data.object_state_of(preset)
             )
             for beta in betas:
                 clock = itertools.count()

@@ -493,7 +493,7 @@ def main(argv=None) -> int:
     from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
 
     rollout_config = rollout.RolloutConfig(
-        execute_s=args.execute_s, object_state=True, speak=False
+        execute_s=args.execute_s, object_state="positions", speak=False
     )
     workcell = Workcell(WorkcellConfig())
     rounds = []

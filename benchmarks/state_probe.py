@@ -60,7 +60,7 @@ def on_path_observation(workcell: Workcell, spec, config: RolloutConfig, at_s: f
     workcell.reset(robot.HOME, spec.objects)
     start = workcell.time
     expert.reset(workcell, spec)
-    cubes = workcell_cubes.CubeState() if config.object_state else None
+    cubes = workcell_cubes.object_state(config.object_state)
     ticks = round(config.execute_s * config.control_hz)
     while True:
         observation = data.observe(
@@ -109,7 +109,8 @@ def probe_one(engine: Engine, observation, spec, args) -> dict:
         )
     result = {"seed": spec.seed, "instruction": spec.instruction, "joints": joints}
     if args.object_state:
-        index = 14 + 2 * list(tasks.COLOURS).index(spec.colour)
+        names = workcell_cubes.object_state(args.object_state).names
+        index = robot.NUM_JOINTS + list(names).index(f"{spec.colour}_cube.x")
         state = np.asarray(observation.state, np.float64).copy()
         state[index] += args.cube_shift_m
         out, tokens = serve(state)
@@ -124,7 +125,7 @@ def probe_one(engine: Engine, observation, spec, args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--object-state", action="store_true")
+    data.add_object_state_argument(parser)
     parser.add_argument("--seeds", default="0:10")
     parser.add_argument("--at-s", type=float, default=1.5, help="sim seconds on the plan")
     parser.add_argument("--joint-shift-rad", type=float, default=0.2)
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
-    preset = "workcell_objects" if args.object_state else "workcell"
+    preset = data.OBJECT_STATE_PRESETS[args.object_state]
     engine = Engine(
         engine_config(args.checkpoint, preset=preset, scheduler=SchedulerConfig(mode="shared_kv"))
     )

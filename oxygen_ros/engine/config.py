@@ -13,6 +13,8 @@ Presets (`get_model_config(name)`):
   tokens instead of 968, so a training step fits these CPUs.
 - `workcell_objects`: `workcell` with a 104-token prompt budget, for a state that also carries
   the cubes' table positions as the workcell's cube detector sees them (prefix 212 tokens).
+- `workcell_poses`: `workcell` with a 164-token prompt budget, for a state that also carries
+  the cubes' poses (`perception/workcell_cubes.POSE_STATE_NAMES`, 21 numbers; prefix 272).
 
 Invariants:
 - Every config is a frozen, hashable dataclass; compiled model functions are cached per
@@ -34,7 +36,7 @@ from typing import Literal
 
 from oxygen_ros.engine.types import RequestKind
 
-PRESET_NAMES = ("tiny", "workcell", "workcell_objects", "pi05")
+PRESET_NAMES = ("tiny", "workcell", "workcell_objects", "workcell_poses", "pi05")
 PI05_IMAGE_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 PALIGEMMA_VOCAB_SIZE = 257_152  # rows of the tied embedding in every openpi Gemma variant
 
@@ -82,6 +84,12 @@ def get_model_config(name: str) -> ModelConfig:
             vision_variant="mu/14",
             dtype="float32",
             param_dtype="float32",
+        )
+    if name == "workcell_poses":
+        # 14 joints + 21 cube pose numbers: 162 tokens with the longest instruction and every
+        # number at three digits (4 tokens each with the bundled tokenizer).
+        return dataclasses.replace(
+            get_model_config("workcell"), name="workcell_poses", max_token_len=164
         )
     if name == "workcell_objects":
         # The state also carries the cubes' table positions (perception/workcell_cubes.py):

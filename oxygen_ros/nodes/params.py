@@ -372,6 +372,7 @@ MODEL_SHARED: tuple[ParamSpec, ...] = (
     ),
 )
 
+CUBE_STATES = ("positions", "poses")  # perception's `cube_state`
 PERCEPTION: tuple[ParamSpec, ...] = (
     *MODEL_SHARED,
     ParamSpec(
@@ -441,6 +442,15 @@ PERCEPTION: tuple[ParamSpec, ...] = (
         "camera whose full-size images feed the workcell cube detector; the cubes' table "
         "positions follow the joints in each frame's state ('' = off)",
         "str",
+    ),
+    ParamSpec(
+        "cube_state",
+        "positions",
+        "with cube_state_camera: 'positions' (x, y per cube) or 'poses' (x, y, z, sin and cos "
+        "of 4 x yaw, moved x, y per cube; a cube in a gripper follows the hand's forward "
+        "kinematics; needs the workcell's 14 joints in joint_names)",
+        "str",
+        check=one_of(*CUBE_STATES),
     ),
 )
 PERCEPTION_CAMERA: tuple[ParamSpec, ...] = (

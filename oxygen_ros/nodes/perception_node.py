@@ -28,7 +28,10 @@ Invariants:
 - With `cube_state_camera`, every frame's state is the configured joints followed by the
   workcell cube detector's tracked cube positions (`perception.workcell_cubes.STATE_NAMES`),
   found in that camera's full-size image of the frame; a frame without that image keeps the
-  last positions (`cube_state.unseen`). Their velocities are NaN (not measured).
+  last positions (`cube_state.unseen`). Their velocities are NaN (not measured). With
+  `cube_state: poses` they are the cubes' poses instead (`POSE_STATE_NAMES`,
+  `workcell_cubes.CubePoseState`: whole views, and a cube held in a gripper follows the
+  hand's forward kinematics of the frame's joints).
 """
 
 from __future__ import annotations
@@ -110,10 +113,15 @@ class PerceptionNode(Node):
                 f"cube_state_camera {p['cube_state_camera']!r} is not one of camera_names"
             )
         self._cube_state = None
+        self._cube_joints = None  # frame joint columns in the workcell's order (poses)
         if self._cube_camera is not None:
-            from oxygen_ros.perception.workcell_cubes import CubeState  # MuJoCo: only if used
+            from oxygen_ros.perception import workcell_cubes  # MuJoCo: only if used
 
-            self._cube_state = CubeState()
+            if p["cube_state"] == "poses":
+                self._cube_joints = self._workcell_joint_columns(p["joint_names"])
+                self._cube_state = workcell_cubes.CubePoseState()
+            else:
+                self._cube_state = workcell_cubes.CubeState()
         self._out_size = get_model_config(p["model_preset"]).image_resolution  # (rows, cols)
         self._converted: dict[str, tuple[float, np.ndarray]] = {}  # camera -> (stamp, image)
         self.counters: collections.Counter[str] = collections.Counter()
@@ -152,6 +160,18 @@ class PerceptionNode(Node):
             f"joints at {p['observation_rate_hz']:g} Hz ({p['frame_trigger']}) -> "
             f"{self._frame_pub.topic_name}"
         )
+
+    @staticmethod
+    def _workcell_joint_columns(joint_names: Sequence[str]) -> np.ndarray:
+        """Where each of the workcell's joints (`robot.JOINT_NAMES`) is in `joint_names`."""
+        from oxygen_ros.sim import robot
+
+        missing = [n for n in robot.JOINT_NAMES if n not in joint_names]
+        if missing:
+            raise P.ParameterError(
+                f"cube_state poses needs the workcell's joints in joint_names; missing {missing}"
+            )
+        return np.array([list(joint_names).index(n) for n in robot.JOINT_NAMES])
 
     def _fusion_config(self) -> FusionConfig:
         p = self.params
@@ -329,7 +349,10 @@ class PerceptionNode(Node):
                 self._reject(exc.reason, f"{camera.name} image: {exc}")
         if image is None:
             self.counters["cube_state.unseen"] += 1
-        cubes = self._cube_state.update(image)
+        if self._cube_joints is None:
+            cubes = self._cube_state.update(image)
+        else:
+            cubes = self._cube_state.update(image, frame.positions[self._cube_joints])
         velocities = frame.velocities
         if len(velocities):
             velocities = np.concatenate([velocities, np.full(len(cubes), np.nan)])

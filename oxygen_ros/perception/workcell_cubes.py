@@ -4,12 +4,16 @@ The cubes' positions on the table, as this perception module sees them in the to
 extend the robot state that the workcell policy is trained and served with (state = the 14
 joints, then x, y of each cube in `CUBE_NAMES` order). A cube that is not seen keeps the
 position it was last seen at (`CubeTracker`); one not seen since the episode began is at the
-table's centre.
+table's centre. `cube_poses` gives each cube's full pose (height, yaw, start) from the same
+camera and the arms' measured joints (`cube_poses.CubePoses`), with the arms' forward
+kinematics read from the same MJCF.
 
 Invariants:
 - The same function gives training (recorded images) and serving (live images) the same
   detector for an image size, so the state the model sees is computed the same way.
 - Nothing here imports rclpy; the MuJoCo model is built without a renderer.
+- The kinematics are the robot's, not the simulator's state: the pinch point comes from the
+  measured joints alone.
 """
 
 from __future__ import annotations
@@ -19,12 +23,19 @@ import functools
 import numpy as np
 
 from oxygen_ros.perception.cube_detector import CubeDetector, CubeTracker, PinholeCamera
-from oxygen_ros.sim import tasks
+from oxygen_ros.perception.cube_poses import CubePoses, GraspConfig, Hand
+from oxygen_ros.sim import robot, tasks
 from oxygen_ros.sim.scene import COLOURS, DEFAULT_OBJECTS
 
 CAMERA = "top"
 CUBE_NAMES: tuple[str, ...] = tuple(f"{colour}_cube" for colour in COLOURS)
 STATE_NAMES: tuple[str, ...] = tuple(f"{name}.{axis}" for name in CUBE_NAMES for axis in "xy")
+# `CubePoseState`: per cube its centre, yaw (a cube looks the same every 90 degrees: sin and cos
+# of 4 x yaw) and how far it has moved from its first estimate
+POSE_FIELDS = ("x", "y", "z", "sin4yaw", "cos4yaw", "moved_x", "moved_y")
+POSE_STATE_NAMES: tuple[str, ...] = tuple(
+    f"{name}.{field}" for name in CUBE_NAMES for field in POSE_FIELDS
+)
 TABLE_CENTRE_XY = tuple(float(np.mean(r)) for r in tasks.TABLE_REGION)
 
 
@@ -45,6 +56,40 @@ def detector(width: int, height: int) -> CubeDetector:
     return CubeDetector(camera, colours, plane_z=next(iter(half.values())))
 
 
+@functools.cache
+def hands() -> dict[str, Hand]:
+    """Per arm: the 14 measured joints (`robot.JOINT_NAMES` order) -> its gripper value, pinch
+    point and fingers' axis yaw (forward kinematics of the workcell's MJCF)."""
+    from oxygen_ros.sim.kinematics import ArmKinematics
+    from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
+
+    cell = Workcell(WorkcellConfig(render=False))
+    try:
+        arms = {arm: ArmKinematics(cell.model, arm) for arm in robot.ARMS}
+    finally:
+        cell.close()
+
+    def hand(arm: str) -> Hand:
+        kinematics, columns = arms[arm], robot.arm_slice(arm)
+        gripper = robot.gripper_index(arm)
+
+        def read(joints: np.ndarray) -> tuple[float, np.ndarray, float]:
+            pinch, rotation = kinematics.forward(joints[columns][: len(robot.ARM_JOINTS)])
+            fingers = rotation[:, 1]  # the gripper frame's y: the axis the fingers close on
+            return float(joints[gripper]), pinch, float(np.arctan2(fingers[1], fingers[0]))
+
+        return read
+
+    return {arm: hand(arm) for arm in robot.ARMS}
+
+
+def cube_poses(width: int, height: int, grasp: GraspConfig | None = None) -> CubePoses:
+    """Every cube's pose from top-camera images of width x height and the measured joints."""
+    return CubePoses(
+        detector(width, height), CUBE_NAMES, TABLE_CENTRE_XY, hands(), grasp or GraspConfig()
+    )
+
+
 def tracker() -> CubeTracker:
     return CubeTracker(CUBE_NAMES, TABLE_CENTRE_XY)
 
@@ -56,6 +101,32 @@ def episode_cube_states(top_images: np.ndarray) -> np.ndarray:
     return np.stack([cubes.update(image) for image in top_images]).astype(np.float32)
 
 
+# What follows the joints in the state: nothing, the cubes' positions or their poses.
+OBJECT_STATES = ("", "positions", "poses")
+
+
+def object_state(kind: str) -> CubeState | CubePoseState | None:
+    """A fresh per-episode source of the state's object part (`update(image, joints)`)."""
+    if kind not in OBJECT_STATES:
+        raise ValueError(f"object state must be one of {OBJECT_STATES}, got {kind!r}")
+    if kind == "positions":
+        return CubeState()
+    if kind == "poses":
+        return CubePoseState()
+    return None
+
+
+def episode_object_states(kind: str, top_images: np.ndarray, joints: np.ndarray) -> np.ndarray:
+    """[T, K] float32: the object part of one episode's states, from its recorded top-camera
+    frames [T, H, W, 3] and measured joints [T, 14] (K = 0 without an object state)."""
+    if kind == "poses":
+        return episode_cube_pose_states(top_images, joints)
+    if kind == "positions":
+        return episode_cube_states(top_images)
+    object_state(kind)  # an unknown kind raises
+    return np.zeros((len(joints), 0), np.float32)
+
+
 class CubeState:
     """The cube part of the state, frame by frame: each call takes the newest top-camera image
     (None when the frame has none) and returns the tracked positions in `STATE_NAMES` order."""
@@ -65,7 +136,8 @@ class CubeState:
     def __init__(self) -> None:
         self._tracker = tracker()
 
-    def update(self, image: np.ndarray | None) -> np.ndarray:
+    def update(self, image: np.ndarray | None, joints: np.ndarray | None = None) -> np.ndarray:
+        """`joints` is not read (the same call as `CubePoseState.update`)."""
         if image is None:
             return self._tracker.update({})
         height, width = image.shape[:2]
@@ -75,3 +147,49 @@ class CubeState:
     def seen(self) -> dict[str, bool]:
         """Per cube: whether it has been seen at least once."""
         return dict(self._tracker.seen)
+
+
+class CubePoseState:
+    """The cubes' poses as state, frame by frame: each call takes the newest top-camera image
+    (None when the frame has none) and the 14 measured joints (`robot.JOINT_NAMES` order) and
+    returns `POSE_STATE_NAMES` (`cube_poses.CubePoses`: whole views, the cube in the hand).
+    Before the first image every cube is at the table's centre, unmoved, yaw 0."""
+
+    names = POSE_STATE_NAMES
+
+    def __init__(self, grasp: GraspConfig | None = None) -> None:
+        self._grasp = grasp
+        self._poses: CubePoses | None = None
+
+    def update(self, image: np.ndarray | None, joints: np.ndarray) -> np.ndarray:
+        if image is not None:
+            height, width = image.shape[:2]
+            if self._poses is None:
+                self._poses = cube_poses(width, height, self._grasp)
+            else:  # the same cubes seen through another image size
+                self._poses.detector = detector(width, height)
+        if self._poses is None:
+            centre = np.array(TABLE_CENTRE_XY)
+            plane = (centre[0], centre[1], tasks.CUBE_HALF_SIZE_M, 0.0, 1.0, 0.0, 0.0)
+            return np.tile(np.array(plane, np.float32), len(CUBE_NAMES))
+        poses = self._poses.update(image, np.asarray(joints, np.float64))
+        rows = [
+            (
+                *p.xy,
+                p.z,
+                np.sin(4 * p.yaw),
+                np.cos(4 * p.yaw),
+                *(p.xy - p.start),
+            )
+            for p in (poses[name] for name in CUBE_NAMES)
+        ]
+        return np.asarray(rows, np.float32).reshape(-1)
+
+
+def episode_cube_pose_states(top_images: np.ndarray, joints: np.ndarray) -> np.ndarray:
+    """[T, len(POSE_STATE_NAMES)] float32: `CubePoseState` over one episode's top-camera frames
+    [T, H, W, 3] and measured joints [T, 14], in order, from a fresh state."""
+    if len(top_images) != len(joints):
+        raise ValueError(f"{len(top_images)} images but {len(joints)} joint rows")
+    cubes = CubePoseState()
+    return np.stack([cubes.update(i, q) for i, q in zip(top_images, joints, strict=True)])

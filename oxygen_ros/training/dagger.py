@@ -22,8 +22,9 @@ and executes the learner's chunk (or, with probability `beta`, the expert's: DAg
 `training.data.load_episodes` trains on like a demonstration, failed episodes included.
 
 `python -m oxygen_ros.training.dagger --checkpoint DIR --seeds 5000:5030 --out data/dagger_1
-[--object-state] [--beta 0.5] [--execute-s 0.1] [--expert reactive]` runs a checkpoint through
-the engine (as `training.rollout` does) and writes its relabelled episodes. `--expert reactive`
+[--object-state [positions|poses]] [--beta 0.5] [--execute-s 0.1] [--expert reactive]` runs a
+checkpoint through the engine (as `training.rollout` does) and writes its relabelled episodes.
+`--expert reactive`
 labels with `ReactiveExpert` instead (`make_labeller`): it keeps no phase machine, so its label
 at a state does not depend on how the learner got there.
 
@@ -271,7 +272,7 @@ def collect(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from oxygen_ros.training import rollout
+    from oxygen_ros.training import data, rollout
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoint", required=True, help='a checkpoint dir, or "expert"')
@@ -279,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="directory of the relabelled episodes")
     parser.add_argument("--beta", type=float, default=0.0, help="share of frames the expert runs")
     parser.add_argument("--execute-s", type=float, default=0.1)
-    parser.add_argument("--object-state", action="store_true")
+    data.add_object_state_argument(parser)
     parser.add_argument("--regrasp-m", type=float, default=0.03)
     parser.add_argument("--expert", choices=LABELLERS, default="feedback", help="the labeller")
     args = parser.parse_args(argv)

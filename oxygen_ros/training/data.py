@@ -25,6 +25,7 @@ Invariants:
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
 import os
@@ -59,6 +60,8 @@ LANGUAGE_KINDS = (RequestKind.SUBTASK, RequestKind.NARRATION, RequestKind.MEMORY
 # openpi's ALOHA delta mask: the 6 arm joints of each arm relative to the state, grippers
 # absolute (robot.JOINT_NAMES: left arm, left gripper, right arm, right gripper).
 DELTA_ACTION_MASK = _transforms.make_bool_mask(6, -1, 6, -1)
+# The preset whose prompt budget holds each object state (`workcell_cubes.OBJECT_STATES`).
+OBJECT_STATE_PRESETS = {"": "workcell", "positions": "workcell_objects", "poses": "workcell_poses"}
 LANGUAGE_BLOCK_LEN = 48  # packed tails + targets of the three kinds (longest: 43)
 
 
@@ -67,7 +70,7 @@ class Episodes:
     """Raw per-step arrays of several episodes (robot units), concatenated."""
 
     images: dict[str, np.ndarray]  # slot -> uint8 [N, h, w, 3] at the model resolution
-    state: np.ndarray  # float32 [N, J] (+ 6 cube coordinates with object_state)
+    state: np.ndarray  # float32 [N, J] (+ the object part with object_state)
     actions: np.ndarray  # float32 [N, A, J]
     episode: np.ndarray  # int32 [N], index into `specs`
     stage: np.ndarray  # int32 [N], phase index of the recorded subtask
@@ -120,15 +123,16 @@ def load_episodes(
     paths: Sequence[str | os.PathLike],
     config: ModelConfig,
     fps: float | None = None,
-    object_state: bool = False,
+    object_state: str = "",
 ) -> Episodes:
     """Reads successful episodes (and relabelled ones, successful or not: their labels are
     the expert's chunks, `recorder`'s `/action_chunk`) and builds per-step raw arrays at the
     model resolution.
 
-    With `object_state`, each step's state is the joints followed by the cubes' table
-    positions that the workcell's cube detector finds in the recorded top-camera frames (at
-    their recorded resolution, as perception sees them), tracked through the episode."""
+    With `object_state` ("positions" or "poses", `workcell_cubes.OBJECT_STATES`), each step's
+    state is the joints followed by the cubes' table positions or poses that the workcell's
+    perception finds in the recorded top-camera frames (at their recorded resolution, as
+    perception sees them) and, for poses, the recorded joints, through the episode."""
     images: dict[str, list[np.ndarray]] = {slot: [] for slot in config.image_keys}
     state, actions, episode, stage = [], [], [], []
     specs, seeds = [], []
@@ -150,8 +154,9 @@ def load_episodes(
             images[slot].append(np.asarray(resized, np.uint8))
         joints = ep.qpos.astype(np.float32)
         if object_state:
-            cubes = workcell_cubes.episode_cube_states(ep.images[workcell_cubes.CAMERA])
-            joints = np.concatenate([joints, cubes], axis=1)
+            top = ep.images[workcell_cubes.CAMERA]
+            objects = workcell_cubes.episode_object_states(object_state, top, ep.qpos)
+            joints = np.concatenate([joints, objects], axis=1)
         state.append(joints)
         if ep.action_chunk is not None:  # relabelled (DAgger): the expert's chunk per step
             if ep.action_chunk.shape[1] != config.action_horizon:
@@ -201,7 +206,7 @@ def observe(
     workcell: Workcell,
     instruction: str,
     resolution: tuple[int, int],
-    cubes: workcell_cubes.CubeState | None = None,
+    cubes: workcell_cubes.CubeState | workcell_cubes.CubePoseState | None = None,
     stamp: float = 0.0,
 ) -> Observation:
     """What the perception node hands the engine for the workcell's current state: the three
@@ -210,7 +215,8 @@ def observe(
     rendered = {camera: workcell.render(camera) for camera in SLOT_CAMERAS.values()}
     state = workcell.joint_positions().astype(np.float32)
     if cubes is not None:
-        state = np.concatenate([state, cubes.update(rendered[workcell_cubes.CAMERA])])
+        top = rendered[workcell_cubes.CAMERA]
+        state = np.concatenate([state, cubes.update(top, workcell.joint_positions())])
     return Observation(
         images={
             slot: np.asarray(image_tools.resize_with_pad(rendered[camera], *resolution))
@@ -227,12 +233,12 @@ def first_frame(
     workcell: Workcell,
     spec: tasks.EpisodeSpec,
     resolution: tuple[int, int],
-    object_state: bool = False,
+    object_state: str = "",
 ) -> Observation:
     """`observe` right after a reset to `spec` (robot at home; with `object_state`, a fresh
     cube tracker), stamped 0."""
     workcell.reset(robot.HOME, spec.objects)
-    cubes = workcell_cubes.CubeState() if object_state else None
+    cubes = workcell_cubes.object_state(object_state)
     return observe(workcell, spec.instruction, resolution, cubes)
 
 
@@ -343,3 +349,21 @@ def drop_state(rows: dict[str, object], drop: np.ndarray) -> dict[str, object]:
     for name in ("tokens", "token_mask"):
         out[name] = np.where(drop[:, None], rows[f"home_{name}"], rows[name])
     return out
+
+
+def object_state_of(preset: str) -> str:
+    """The object state a preset's prompt budget was sized for ("" for the others)."""
+    return {p: kind for kind, p in OBJECT_STATE_PRESETS.items()}.get(preset, "")
+
+
+def add_object_state_argument(parser: argparse.ArgumentParser) -> None:
+    """`--object-state [positions|poses]` (alone: positions; absent: none)."""
+    parser.add_argument(
+        "--object-state",
+        nargs="?",
+        const="positions",
+        default="",
+        choices=[kind for kind in workcell_cubes.OBJECT_STATES if kind],
+        help="what follows the joints in the state: the cubes' positions (the default when "
+        "given alone) or poses (preset: data.OBJECT_STATE_PRESETS)",
+    )

@@ -62,7 +62,7 @@ def _scratch_dir() -> str | None:
 
 
 def _worker(
-    demo_set: DemoSet, first: int, count: int, config: ModelConfig, object_state: bool
+    demo_set: DemoSet, first: int, count: int, config: ModelConfig, object_state: str
 ) -> tuple[_data.Episodes | None, list[int]]:
     """Episodes first .. first + count - 1 of `demo_set` in one fresh workcell
     (`generate_demos.generate_range`), each file read back and deleted before the next runs;
@@ -89,7 +89,7 @@ def generate_episodes(
     demo_sets: Sequence[DemoSet],
     config: ModelConfig,
     workers: int,
-    object_state: bool = False,
+    object_state: str = "",
 ) -> tuple[_data.Episodes, list[int]]:
     """Training arrays of every successful episode of `demo_sets` (in seed order within a set,
     sets in the given order) and the seeds that failed."""

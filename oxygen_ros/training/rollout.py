@@ -13,7 +13,7 @@ Measured per episode: success, the furthest stage reached (`tasks.evaluate`'s st
 spoken subtask against the stage at each observation, and the frames run.
 
 `python -m oxygen_ros.training.rollout --checkpoint DIR --seeds 0:10 [--execute-s 0.5]
-[--noise fresh|episode] [--object-state] [--out results.json]`
+[--noise fresh|episode] [--object-state [positions|poses]] [--out results.json]`
 Nothing here imports rclpy.
 """
 
@@ -48,13 +48,18 @@ class RolloutConfig:
     action_dt_s: float = 1.0 / FPS  # seconds between chunk rows (the demonstrations' rate)
     control_hz: float = CONTROL_HZ  # target updates per sim second (the demonstrations' rate)
     noise: str = "fresh"  # fresh: new action noise per frame; episode: one draw per episode
-    object_state: bool = False  # the cube positions follow the joints in the state
+    object_state: str = ""  # what follows the joints in the state (workcell_cubes.OBJECT_STATES)
     speak: bool = True  # a subtask request every frame, scored against the stage
     resolution: tuple[int, int] = (96, 96)  # model image size (the preset's image_resolution)
 
     def __post_init__(self) -> None:
         if self.noise not in NOISE_MODES:
             raise ValueError(f"noise must be one of {NOISE_MODES}, got {self.noise!r}")
+        if self.object_state not in workcell_cubes.OBJECT_STATES:
+            raise ValueError(
+                f"object_state must be one of {workcell_cubes.OBJECT_STATES}, "
+                f"got {self.object_state!r}"
+            )
         if not self.execute_s > 0 or not self.action_dt_s > 0 or not self.control_hz > 0:
             raise ValueError("execute_s, action_dt_s and control_hz must be > 0")
 
@@ -138,7 +143,7 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
     start = workcell.time
     policy.reset(workcell, spec)
     tracker = tasks.SuccessTracker()
-    cubes = workcell_cubes.CubeState() if config.object_state else None
+    cubes = workcell_cubes.object_state(config.object_state)
     ticks_per_frame = max(1, round(config.execute_s * config.control_hz))
     furthest, frames, hits, said = 0, 0, 0, 0
     closest = np.inf
@@ -209,7 +214,7 @@ def make_policy(
 
     if checkpoint == "expert":
         return ExpertPolicy(config), config
-    preset = preset or ("workcell_objects" if config.object_state else "workcell")
+    preset = preset or data.OBJECT_STATE_PRESETS[config.object_state]
     engine = Engine(
         engine_config(checkpoint, preset=preset, scheduler=SchedulerConfig(mode="shared_kv"))
     )
@@ -257,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0:10", help='"first:stop" or "a,b,c"')
     parser.add_argument("--execute-s", type=float, default=RolloutConfig.execute_s)
     parser.add_argument("--noise", choices=NOISE_MODES, default=RolloutConfig.noise)
-    parser.add_argument("--object-state", action="store_true")
+    data.add_object_state_argument(parser)
     parser.add_argument("--no-speak", action="store_true")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)

@@ -96,7 +96,7 @@ class TrainConfig:
     early_steps: int = 0  # the first early_steps steps of each episode are drawn ...
     early_weight: float = 1.0  # ... this many times as often (the arm is still at home there)
     state_dropout: float = 0.0  # fraction of samples whose prompt carries the home state
-    object_state: bool = False  # state = joints + the cube detector's cube positions
+    object_state: str = ""  # state = joints + the cubes' positions or poses (or nothing)
     delta_actions: bool = False  # arm joints relative to the state (_data.DELTA_ACTION_MASK)
     image_dropout: float = 0.0  # fraction of samples whose camera images are all masked out
     device_data: bool = False  # keep the training samples on the accelerator, gather there
@@ -116,8 +116,13 @@ class TrainConfig:
                 "state dropout puts the home state in the prompt: delta actions "
                 "are relative to the real one"
             )
-        if self.object_state and self.preset != "workcell_objects":
-            raise ValueError("object_state needs the workcell_objects preset (a longer prompt)")
+        preset = _data.OBJECT_STATE_PRESETS.get(self.object_state)
+        if preset is None:
+            raise ValueError(f"object_state must be one of {tuple(_data.OBJECT_STATE_PRESETS)}")
+        if self.object_state and self.preset != preset:
+            raise ValueError(
+                f"object_state {self.object_state} needs the {preset} preset (its prompt budget)"
+            )
         if not 0 < self.end_lr <= self.peak_lr:
             raise ValueError("need 0 < end_lr <= peak_lr")
         if self.device_data and self.state_dropout > 0:
@@ -734,8 +739,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--step-time-s", type=float, default=0.0, help="measured seconds per training step"
     )
+    _data.add_object_state_argument(parser)
     for name, field in fields.items():
-        if name in ("data_dir", "out_dir"):
+        if name in ("data_dir", "out_dir", "object_state"):
             continue
         flag = "--" + name.replace("_", "-")
         if field.type in ("bool", bool):

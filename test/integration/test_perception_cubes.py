@@ -52,12 +52,16 @@ class WorkcellSensors:
         self.pubs = {c: node.create_publisher(Image, t, SENSOR_QOS) for c, t in CAMERAS.items()}
         self.joint_pub = node.create_publisher(JointState, "c_joints", SENSOR_QOS)
         self.images: dict[str, tuple[int, bytes]] = {}
+        self.joints = robot.HOME.copy()
         self.top_enabled = True
         self.timer = node.create_timer(0.1, self.tick)
 
-    def show(self, cell: Workcell, objects: dict) -> None:
-        cell.reset(robot.HOME, objects)
+    def show(self, cell: Workcell, objects: dict, joints: np.ndarray = robot.HOME) -> None:
+        """Renders the cameras with the objects and the arms at `joints`, then publishes
+        those images and joints."""
+        cell.reset(joints, objects)
         self.images = {c: encode_image(cell.render(c), "rgb8") for c in CAMERAS}
+        self.joints = np.asarray(joints, np.float64).copy()
 
     def tick(self) -> None:
         stamp = self.node.get_clock().now().to_msg()
@@ -67,7 +71,7 @@ class WorkcellSensors:
             msg = Image(height=224, width=224, encoding="rgb8", step=step, data=data)
             msg.header.stamp = stamp
             self.pubs[camera].publish(msg)
-        joints = JointState(name=list(robot.JOINT_NAMES), position=list(map(float, robot.HOME)))
+        joints = JointState(name=list(robot.JOINT_NAMES), position=list(map(float, self.joints)))
         joints.header.stamp = stamp
         self.joint_pub.publish(joints)
 
@@ -141,6 +145,95 @@ def test_frames_carry_the_detected_cubes_and_hold_them_while_unseen(
         wait_for(lambda: len(frames) > count + 3, 10, "frames without the top camera")
         assert not frames[-1].image_valid[0]
         np.testing.assert_allclose(cubes_of(frames[-1]), truth(second), atol=TOLERANCE_M)
+        assert proc.alive(), proc.log()
+    finally:
+        sensors.close()
+        cell.close()
+
+
+def test_cube_poses_follow_a_gripper_that_holds_the_cube(launcher, ros_node, tmp_path) -> None:
+    """`cube_state: poses`: the frames carry each cube's pose; with the joint state putting a
+    pinch point at a cube and its gripper stopped on it, that cube is at the pinch point (its
+    height the pinch's: the joints reach the perception); let go, it is seen on the table
+    again."""
+    from oxygen_ros.sim.expert import DOWN, ScriptedExpert
+    from oxygen_ros.sim.kinematics import ArmKinematics, gripper_rotation
+
+    # Without the right arm's joints the node refuses to start, with the reason; the same
+    # node with all 14 (below) is the positive control.
+    bad = tmp_path / "bad.yaml"
+    left = ", ".join(robot.JOINT_NAMES[: robot.JOINTS_PER_ARM])
+    bad.write_text(OVERRIDES + f"    cube_state: poses\n    joint_names: [{left}]\n")
+    refused = launcher.start(
+        "oxygen_ros.nodes.perception_node",
+        ros_args=[
+            *("--params-file", str(PARAMS), "--params-file", str(bad)),
+            *("-r", "__node:=perception"),
+        ],
+    )
+    wait_for(lambda: not refused.alive(), 60, "perception to refuse joint_names without an arm")
+    assert "needs the workcell's joints in joint_names" in refused.log(), refused.log()
+    override = tmp_path / "override.yaml"
+    override.write_text(OVERRIDES + "    cube_state: poses\n")
+    cell = Workcell(WorkcellConfig())
+    sensors = WorkcellSensors(ros_node)
+    width = len(workcell_cubes.POSE_FIELDS)
+    try:
+        spec = tasks.sample_episode(4)
+        sensors.show(cell, spec.objects)
+        frames = ros_node.collect(ObservationFrame, "c_observation", OBSERVATION_QOS)
+        proc = launcher.start(
+            "oxygen_ros.nodes.perception_node",
+            ros_args=[
+                *("--params-file", str(PARAMS), "--params-file", str(override)),
+                *("-r", "__node:=perception"),
+            ],
+        )
+        wait_for(lambda: frames or not proc.alive(), 60, "a first observation frame")
+        assert proc.alive(), proc.log()
+        names = [*robot.JOINT_NAMES, *workcell_cubes.POSE_STATE_NAMES]
+        assert list(frames[-1].joint_names) == names
+
+        def poses() -> np.ndarray:
+            return cubes_of(frames[-1]).reshape(-1, width)
+
+        on_table = np.array([[*spec.objects[n][:2], 0.02] for n in workcell_cubes.CUBE_NAMES])
+        wait_for(
+            lambda: np.allclose(poses()[:, :3], on_table, atol=TOLERANCE_M),
+            10,
+            f"the cubes of seed 4 at {on_table}",
+        )
+        # The episode's arm with its pinch point at the target cube, the gripper stopped on it.
+        k = workcell_cubes.CUBE_NAMES.index(spec.target)
+        kin = ArmKinematics(cell.model, spec.arm)
+        cell.reset(robot.HOME, spec.objects)
+        axis = ScriptedExpert.finger_axis(kin, cell.object_pose(spec.target))
+        rotation = gripper_rotation(DOWN, axis)
+        seed = np.array(robot.HOME_ARM)
+        seed[0] = kin.waist_towards(on_table[k])
+        result = kin.solve(on_table[k] + [0.0, 0.0, 0.005], rotation, seed)
+        assert result.converged
+        joints = robot.HOME.copy()
+        joints[robot.arm_slice(spec.arm)][: len(robot.ARM_JOINTS)] = result.q
+        joints[robot.gripper_index(spec.arm)] = 0.6
+        pinch, _ = kin.forward(result.q)
+        sensors.show(cell, spec.objects, joints)
+        wait_for(
+            lambda: np.allclose(poses()[k, :3], pinch, atol=1e-4),
+            10,
+            lambda: (
+                f"{spec.target} at the pinch point {pinch}, not {poses()[k]} (joints "
+                f"{np.asarray(frames[-1].joint_positions[:14]).round(3)})"
+            ),
+        )
+        # The arm back home, its gripper closed on nothing: let go, and the next whole view
+        # puts the cube on the table (the positive control of the same check).
+        sensors.show(cell, spec.objects)
+        wait_for(
+            lambda: np.allclose(poses()[k, :3], on_table[k], atol=TOLERANCE_M),
+            10,
+            f"{spec.target} on the table again",
+        )
         assert proc.alive(), proc.log()
     finally:
         sensors.close()

@@ -166,26 +166,61 @@ def test_state_dropout_swaps_in_the_episodes_home_prompt_only_where_drawn(built)
         np.testing.assert_array_equal(dropped[name], rows[name])
 
 
+@pytest.mark.parametrize("kind", ["positions", "poses"])
 def test_object_state_is_the_joints_then_the_tracked_cubes_and_served_alike(
-    demos_dir, tokenizer
+    demos_dir, tokenizer, kind
 ) -> None:
+    """The state the loader builds is the joints then the object part that the perception
+    gives for the recorded frames (and, for poses, joints), and it tokenises as served: every
+    number fits the preset's prompt."""
     from oxygen_ros.perception import workcell_cubes
 
-    config = get_model_config("workcell_objects")
+    config = get_model_config(data.OBJECT_STATE_PRESETS[kind])
     paths = recorder.list_episodes(demos_dir)
-    episodes = data.load_episodes(paths, config, object_state=True)
-    assert episodes.state.shape == (len(SEEDS) * STEPS, 14 + 2 * len(workcell_cubes.CUBE_NAMES))
+    episodes = data.load_episodes(paths, config, object_state=kind)
+    width = len(workcell_cubes.object_state(kind).names)
+    assert width == {"positions": 6, "poses": 21}[kind]
+    assert episodes.state.shape == (len(SEEDS) * STEPS, 14 + width)
     normalizer = Normalizer(data.compute_norm_stats(episodes, NormConfig()), NormConfig())
     samples = data.build_samples(episodes, config, tokenizer, normalizer, PromptConfig())
     ep = recorder.read_episode(paths[1])
-    cubes = workcell_cubes.episode_cube_states(ep.images[workcell_cubes.CAMERA])
+    top = ep.images[workcell_cubes.CAMERA]
+    if kind == "positions":
+        cubes = workcell_cubes.episode_cube_states(top)
+    else:
+        cubes = workcell_cubes.episode_cube_pose_states(top, ep.qpos)
     np.testing.assert_array_equal(episodes.state[STEPS : 2 * STEPS, :14], ep.qpos)
     np.testing.assert_array_equal(episodes.state[STEPS : 2 * STEPS, 14:], cubes)
     t = 4
     inputs = served_inputs(ep, t, episodes.state[STEPS + t], config, tokenizer, normalizer)
     np.testing.assert_array_equal(samples.tokens[STEPS + t], inputs.tokens[0])
-    # All 20 numbers fit: the prompt ends with the action marker, as the engine builds it.
+    # Every number fits: the prompt ends with the action marker, as the engine builds it.
     text = tokenizer.decode(
         [int(i) for i in samples.tokens[STEPS + t][samples.token_mask[STEPS + t]]]
     )
-    assert text.endswith("Action: ") and len(text.split("State: ")[1].split(";")[0].split()) == 20
+    numbers = text.split("State: ")[1].split(";")[0].split()
+    assert text.endswith("Action: ") and len(numbers) == 14 + width
+
+
+@pytest.mark.parametrize("kind", ["positions", "poses"])
+def test_the_presets_prompt_budget_holds_the_longest_prompt(tokenizer, kind) -> None:
+    """The preset for an object state holds the longest instruction with every number of the
+    state at its most tokens, and not one number more (the budget is not padding)."""
+    from oxygen_ros.perception import workcell_cubes
+
+    config = get_model_config(data.OBJECT_STATE_PRESETS[kind])
+    width = 14 + len(workcell_cubes.object_state(kind).names)
+    instructions = {tasks.sample_episode(seed).instruction for seed in range(500)}
+    cost = {b: len(tokenizer.encode(f" {b}")) for b in range(prompts.NUM_STATE_BINS)}
+    worst = max(cost, key=cost.get)
+    value = (worst + 0.5) / (prompts.NUM_STATE_BINS / 2) - 1.0  # the centre of that bin
+
+    def length(numbers: int) -> int:
+        state = np.full(numbers, value)
+        assert prompts.discretize_state(state)[0] == worst
+        return max(
+            len(tokenizer.encode(prompts.format_action_prompt(text, state), add_bos=True))
+            for text in instructions
+        )
+
+    assert length(width) <= config.max_token_len < length(width + 1)

@@ -46,12 +46,12 @@ def test_generated_arrays_equal_loading_the_files_generate_demos_writes(tmp_path
         out = tmp_path / f"{start}"
         generate_demos.generate(out, count, start, workers=1, command_noise_rad=noise)
         written.extend(recorder.list_episodes(out))
-    want = data.load_episodes(written, CONFIG, object_state=True)
+    want = data.load_episodes(written, CONFIG, object_state="positions")
     got, failed = fresh_demos.generate_episodes(
         [fresh_demos.DemoSet(1000, 2), fresh_demos.DemoSet(3000, 1, 0.025)],
         CONFIG,
         workers=1,
-        object_state=True,
+        object_state="positions",
     )
     assert failed == [] and got.seeds == [1000, 1001, 3000]
     _assert_episodes_equal(got, want)

@@ -1,0 +1,196 @@
+"""Each cube's pose from the top camera and the arms' joints (`perception.cube_poses`): whole
+views only from the camera, the hand's account while a gripper holds the cube, and the hands'
+forward kinematics equal to the simulator's pinch sites."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from oxygen_ros.perception import workcell_cubes
+from oxygen_ros.perception.cube_poses import CubePoses, GraspConfig
+from oxygen_ros.sim import robot, tasks
+from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
+
+
+def _yaw(quaternion: np.ndarray) -> float:
+    w, x, y, z = (float(v) for v in quaternion)
+    return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
+
+
+def _yaw_error(a: float, b: float) -> float:
+    """Degrees between two cube yaws, modulo the cube's 90 degrees."""
+    return abs(float(np.degrees((a - b + np.pi / 4) % (np.pi / 2) - np.pi / 4)))
+
+
+@pytest.fixture(scope="module")
+def cell():
+    workcell = Workcell(WorkcellConfig(cameras=(workcell_cubes.CAMERA,)))
+    yield workcell
+    workcell.close()
+
+
+def test_hands_are_the_simulators_pinch_sites(cell) -> None:
+    """The hands read from the joints alone give the simulator's pinch point, fingers' axis
+    and gripper value, for random joints of both arms."""
+    rng = np.random.default_rng(0)
+    spec = tasks.sample_episode(0)
+    hands = workcell_cubes.hands()
+    for _ in range(5):
+        joints = robot.HOME + rng.uniform(-0.3, 0.3, robot.NUM_JOINTS)
+        for arm in robot.ARMS:
+            joints[robot.gripper_index(arm)] = rng.uniform(0.1, 0.9)
+        cell.reset(joints, spec.objects)
+        measured = cell.joint_positions()
+        for arm in robot.ARMS:
+            gripper, pinch, fingers = hands[arm](measured)
+            site = cell.data.site(f"{arm}_pinch")
+            np.testing.assert_allclose(pinch, site.xpos, atol=1e-9)
+            axis = site.xmat.reshape(3, 3)[:, 1]
+            assert fingers == pytest.approx(np.arctan2(axis[1], axis[0]), abs=1e-9)
+            assert gripper == measured[robot.gripper_index(arm)]
+
+
+class _Hand:
+    """A hand whose gripper, pinch point and fingers' yaw the test sets."""
+
+    def __init__(self) -> None:
+        self.gripper, self.pinch, self.yaw = 0.8, np.array([0.0, 0.0, 0.3]), 0.0
+
+    def __call__(self, joints: np.ndarray) -> tuple[float, np.ndarray, float]:
+        return self.gripper, self.pinch.copy(), self.yaw
+
+
+def test_a_stopped_gripper_at_the_cube_takes_hold_and_carries_it(cell) -> None:
+    """Open, or stopped 5 cm away: the camera's estimate. Stopped at the cube: held, the cube
+    at the pinch point with the fingers' turn added to its yaw, whatever the camera shows. Let
+    go with the cube out of sight: on the table where the hand left it; then the next whole
+    view."""
+    spec = tasks.sample_episode(0)
+    cell.reset(robot.HOME, spec.objects)
+    image = cell.render(workcell_cubes.CAMERA)
+    height, width = image.shape[:2]
+    hand = _Hand()
+    poses = CubePoses(
+        workcell_cubes.detector(width, height),
+        workcell_cubes.CUBE_NAMES,
+        workcell_cubes.TABLE_CENTRE_XY,
+        {"left": hand},
+        GraspConfig(),
+    )
+    joints = cell.joint_positions()
+    name = spec.target
+    x, y, yaw = spec.objects[name]
+    plane = workcell_cubes.detector(width, height).plane_z
+
+    def update(picture: np.ndarray = image):
+        return poses.update(picture, joints)[name]
+
+    at_cube = np.array([x, y, plane + 0.005])
+    hand.pinch = at_cube  # open over the cube: not held
+    pose = update()
+    assert pose.held_by is None and np.hypot(*(pose.xy - (x, y))) < 0.005
+    assert _yaw_error(pose.yaw, yaw) < 6
+    np.testing.assert_allclose(pose.start, pose.xy)
+    hand.gripper, hand.pinch = 0.6, at_cube + np.array([0.05, 0.0, 0.0])  # stopped, too far
+    assert update().held_by is None
+    hand.pinch = at_cube  # stopped at the cube: held
+    pose = update()
+    assert pose.held_by == "left"
+    np.testing.assert_allclose((*pose.xy, pose.z), at_cube)
+    at_grasp = pose.yaw
+    hand.pinch, hand.yaw = at_cube + np.array([0.1, -0.05, 0.08]), 0.2
+    pose = update()  # the image still shows the cube where it was
+    np.testing.assert_allclose((*pose.xy, pose.z), hand.pinch)
+    assert pose.yaw == pytest.approx(at_grasp + 0.2)
+    hand.gripper = 0.3  # closed on nothing: let go
+    pose = update(np.zeros_like(image))  # no cube in sight
+    assert pose.held_by is None
+    np.testing.assert_allclose((*pose.xy, pose.z), (*hand.pinch[:2], plane))
+    pose = update()  # a whole view again
+    assert np.hypot(*(pose.xy - (x, y))) < 0.005
+    np.testing.assert_allclose(pose.start, (x, y), atol=0.005)
+
+
+def test_the_cube_is_followed_through_a_move(cell) -> None:
+    """The reactive expert moves a cube: at every 10 Hz frame the pose with the hands is
+    within 5 mm (xy), 10 mm (height) and 8 degrees of the simulator's; the camera alone (the
+    positive control) loses it by more than 3 cm during the carry."""
+    from oxygen_ros.sim.reactive_expert import ReactiveExpert
+
+    seed = next(s for s in range(100) if tasks.sample_episode(s).action == "move")
+    spec = tasks.sample_episode(seed)
+    expert = ReactiveExpert(cell.model)
+    cell.reset(robot.HOME, spec.objects)
+    expert.reset(cell, spec)
+    image = cell.render(workcell_cubes.CAMERA)
+    with_hands = workcell_cubes.cube_poses(image.shape[1], image.shape[0])
+    camera_only = workcell_cubes.cube_poses(image.shape[1], image.shape[0])
+    camera_only.hands = {}
+    errors, camera_errors, held = [], [], []
+    tracker, start = tasks.SuccessTracker(), cell.time
+    while cell.time - start < spec.time_limit_s:
+        image, joints = cell.render(workcell_cubes.CAMERA), cell.joint_positions()
+        pose = with_hands.update(image, joints)[spec.target]
+        other = camera_only.update(image, joints)[spec.target]
+        true = cell.object_pose(spec.target)
+        errors.append(
+            (
+                np.hypot(*(pose.xy - true.position[:2])),
+                abs(pose.z - true.position[2]),
+                _yaw_error(pose.yaw, _yaw(true.quaternion)),
+            )
+        )
+        camera_errors.append(np.hypot(*(other.xy - true.position[:2])))
+        held.append(pose.held_by)
+        done = False
+        for _ in range(5):
+            cell.set_targets(expert.command(cell))
+            cell.step(0.02)
+            done = done or tracker.update(tasks.evaluate(cell, spec), cell.time)
+        if done:
+            break
+    assert tracker.succeeded
+    errors = np.array(errors)
+    print("max errors (xy m, z m, yaw deg):", errors.max(axis=0))
+    assert errors[:, 0].max() < 0.005
+    assert errors[:, 1].max() < 0.010
+    assert errors[:, 2].max() < 8
+    carrying = [h == spec.arm for h in held]
+    assert sum(carrying) >= 5 and held[0] is None
+    assert max(e for e, c in zip(camera_errors, carrying, strict=True) if c) > 0.03
+
+
+def test_pose_state_lays_out_each_cubes_pose(cell) -> None:
+    """`CubePoseState`: before any image every cube at the table's centre, unmoved; then per
+    cube (x, y, z, sin 4 yaw, cos 4 yaw, moved x, moved y) in `POSE_STATE_NAMES` order, the
+    moved part the cube's shift since its first estimate; a frame without an image keeps it."""
+    spec = tasks.sample_episode(0)
+    state = workcell_cubes.CubePoseState()
+    cell.reset(robot.HOME, spec.objects)
+    joints = cell.joint_positions()
+    width = len(workcell_cubes.POSE_FIELDS)
+    blank = state.update(None, joints).reshape(-1, width)
+    assert blank.shape == (len(workcell_cubes.CUBE_NAMES), width)
+    np.testing.assert_allclose(blank[:, :2], [workcell_cubes.TABLE_CENTRE_XY] * 3)
+    np.testing.assert_allclose(blank[:, 2:], [[tasks.CUBE_HALF_SIZE_M, 0, 1, 0, 0]] * 3)
+    first = state.update(cell.render(workcell_cubes.CAMERA), joints).reshape(-1, width)
+    moved = dict(spec.objects)
+    x, y, yaw = moved[spec.target]
+    moved[spec.target] = (x + 0.03, y - 0.02, yaw + 0.3)
+    cell.reset(robot.HOME, moved)
+    second = state.update(cell.render(workcell_cubes.CAMERA), joints).reshape(-1, width)
+    for k, name in enumerate(workcell_cubes.CUBE_NAMES):
+        assert workcell_cubes.POSE_STATE_NAMES[k * width] == f"{name}.x"
+        for row, objects in ((first, spec.objects), (second, moved)):
+            ox, oy, oyaw = objects[name]
+            assert np.hypot(row[k, 0] - ox, row[k, 1] - oy) < 0.005
+            assert row[k, 2] == pytest.approx(tasks.CUBE_HALF_SIZE_M)
+            assert np.hypot(row[k, 3] - np.sin(4 * oyaw), row[k, 4] - np.cos(4 * oyaw)) < 0.2
+        np.testing.assert_allclose(first[k, 5:], 0.0, atol=1e-7)
+        expected = [0.03, -0.02] if name == spec.target else [0.0, 0.0]
+        np.testing.assert_allclose(second[k, 5:], second[k, :2] - first[k, :2], atol=1e-6)
+        assert np.abs(second[k, 5:] - expected).max() < 0.005
+    np.testing.assert_array_equal(state.update(None, joints), second.reshape(-1))
+    with pytest.raises(ValueError, match="joint rows"):
+        workcell_cubes.episode_cube_pose_states(np.zeros((2, 4, 4, 3), np.uint8), joints[None])
