@@ -192,12 +192,13 @@ class CubeDetector:
             out[name] = None if rows.size < self.min_pixels else (rows, cols)
         return out
 
+    def place(self, blob: Blob | None) -> np.ndarray | None:
+        """A blob's cube on the table: world (x, y), or None (no blob, or no ray to the plane)."""
+        return None if blob is None else self.camera.on_plane(blob.u, blob.v, self.plane_z)
+
     def detect(self, image: np.ndarray) -> dict[str, np.ndarray | None]:
         """Per colour, the cube's world (x, y) on the table, or None when not seen."""
-        return {
-            name: None if blob is None else self.camera.on_plane(blob.u, blob.v, self.plane_z)
-            for name, blob in self.blobs(image).items()
-        }
+        return {name: self.place(blob) for name, blob in self.blobs(image).items()}
 
 
 class CubeTracker:

@@ -109,16 +109,17 @@ class CubePoses:
         updated in place)."""
         hands = {arm: hand(np.asarray(joints, np.float64)) for arm, hand in self.hands.items()}
         self._take_hold(hands)
-        blobs = yaws = xys = None
+        blobs = yaws = None
         for name in self.names:
             pose = self.poses.get(name)
             if pose is not None and pose.held_by is not None:
                 self._follow_hand(name, pose, hands[pose.held_by])
                 continue
-            if image is not None and blobs is None:
-                blobs, yaws = self.detector.blobs(image), self.detector.yaws(image)
-                xys = self.detector.detect(image)
-            xy, yaw = (None, None) if image is None else (xys[name], yaws[name])
+            xy = yaw = None
+            if image is not None:
+                if blobs is None:
+                    blobs, yaws = self.detector.blobs(image), self.detector.yaws(image)
+                xy, yaw = self.detector.place(blobs[name]), yaws[name]
             whole = (
                 xy is not None
                 and yaw is not None

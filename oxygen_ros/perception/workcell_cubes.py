@@ -70,11 +70,11 @@ def hands() -> dict[str, Hand]:
         cell.close()
 
     def hand(arm: str) -> Hand:
-        kinematics, columns = arms[arm], robot.arm_slice(arm)
+        kinematics, columns = arms[arm], robot.arm_columns(arm)
         gripper = robot.gripper_index(arm)
 
         def read(joints: np.ndarray) -> tuple[float, np.ndarray, float]:
-            pinch, rotation = kinematics.forward(joints[columns][: len(robot.ARM_JOINTS)])
+            pinch, rotation = kinematics.forward(joints[columns])
             fingers = rotation[:, 1]  # the gripper frame's y: the axis the fingers close on
             return float(joints[gripper]), pinch, float(np.arctan2(fingers[1], fingers[0]))
 
@@ -117,14 +117,13 @@ def object_state(kind: str) -> CubeState | CubePoseState | None:
 
 
 def episode_object_states(kind: str, top_images: np.ndarray, joints: np.ndarray) -> np.ndarray:
-    """[T, K] float32: the object part of one episode's states, from its recorded top-camera
-    frames [T, H, W, 3] and measured joints [T, 14] (K = 0 without an object state)."""
+    """[T, K] float32: the object part ("positions" or "poses") of one episode's states, from
+    its recorded top-camera frames [T, H, W, 3] and measured joints [T, 14]."""
     if kind == "poses":
         return episode_cube_pose_states(top_images, joints)
     if kind == "positions":
         return episode_cube_states(top_images)
-    object_state(kind)  # an unknown kind raises
-    return np.zeros((len(joints), 0), np.float32)
+    raise ValueError(f"object state must be positions or poses, got {kind!r}")
 
 
 class CubeState:

@@ -46,12 +46,6 @@ from oxygen_ros.sim.kinematics import ArmKinematics, gripper_rotation
 from oxygen_ros.sim.workcell import Workcell
 
 
-def arm_columns(arm: str) -> np.ndarray:
-    """Indices of `arm`'s six joints in the 14 (robot.JOINT_NAMES order)."""
-    start = robot.arm_slice(arm).start
-    return np.arange(start, start + len(robot.ARM_JOINTS))
-
-
 def lead_command(
     hold: np.ndarray,
     measured: np.ndarray,
@@ -63,7 +57,7 @@ def lead_command(
     """The 14 targets of a state-feedback step: `hold`, with `arm`'s joints at the `measured`
     ones plus the step towards `goal` [6] (scaled down uniformly so that no joint leads by more
     than `lead_rad`: a straight line in joint space) and its gripper target at `gripper`."""
-    columns = arm_columns(arm)
+    columns = robot.arm_columns(arm)
     step = goal - measured[columns]
     largest = float(np.max(np.abs(step)))
     if largest > lead_rad:

@@ -51,7 +51,7 @@ import numpy as np
 
 from oxygen_ros.sim import robot, tasks
 from oxygen_ros.sim.expert import DOWN, ExpertConfig, ScriptedExpert, _up
-from oxygen_ros.sim.feedback_expert import arm_columns, lead_command
+from oxygen_ros.sim.feedback_expert import lead_command
 from oxygen_ros.sim.kinematics import ArmKinematics, gripper_rotation
 from oxygen_ros.sim.workcell import Workcell
 
@@ -160,7 +160,7 @@ class ReactiveExpert:
         cube = workcell.object_pose(spec.target)
         rotation = gripper_rotation(DOWN, ScriptedExpert.finger_axis(kin, cube))
         measured = workcell.joint_positions()
-        seed = measured[arm_columns(spec.arm)].copy()
+        seed = measured[robot.arm_columns(spec.arm)].copy()
         seed[0] = kin.waist_towards(position)
         result = kin.solve(position, rotation, seed)
         if not result.converged:

@@ -47,6 +47,12 @@ def arm_slice(arm: str) -> slice:
     return slice(start, start + JOINTS_PER_ARM)
 
 
+def arm_columns(arm: str) -> np.ndarray:
+    """Indices of `arm`'s six joints (without the gripper) in the 14-joint vector."""
+    start = arm_slice(arm).start
+    return np.arange(start, start + len(ARM_JOINTS))
+
+
 def gripper_index(arm: str) -> int:
     return ARMS.index(arm) * JOINTS_PER_ARM + len(ARM_JOINTS)
 

@@ -80,6 +80,17 @@ class WorkcellSensors:
         self.node.destroy_timer(self.timer)
 
 
+def start_perception(launcher, override: Path):
+    """perception_node with the workcell YAML and `override` on top."""
+    return launcher.start(
+        "oxygen_ros.nodes.perception_node",
+        ros_args=[
+            *("--params-file", str(PARAMS), "--params-file", str(override)),
+            *("-r", "__node:=perception"),
+        ],
+    )
+
+
 def cubes_of(frame: ObservationFrame) -> np.ndarray:
     return np.asarray(frame.joint_positions[len(robot.JOINT_NAMES) :])
 
@@ -108,13 +119,7 @@ def test_frames_carry_the_detected_cubes_and_hold_them_while_unseen(
         sensors.show(cell, first.objects)
         frames = ros_node.collect(ObservationFrame, "c_observation", OBSERVATION_QOS)
         diags = ros_node.collect(DiagnosticArray, "/diagnostics", 10)
-        proc = launcher.start(
-            "oxygen_ros.nodes.perception_node",
-            ros_args=[
-                *("--params-file", str(PARAMS), "--params-file", str(override)),
-                *("-r", "__node:=perception"),
-            ],
-        )
+        proc = start_perception(launcher, override)
         wait_for(lambda: frames or not proc.alive(), 60, "a first observation frame")
         assert proc.alive(), proc.log()
         names = [*robot.JOINT_NAMES, *workcell_cubes.STATE_NAMES]
@@ -164,13 +169,7 @@ def test_cube_poses_follow_a_gripper_that_holds_the_cube(launcher, ros_node, tmp
     bad = tmp_path / "bad.yaml"
     left = ", ".join(robot.JOINT_NAMES[: robot.JOINTS_PER_ARM])
     bad.write_text(OVERRIDES + f"    cube_state: poses\n    joint_names: [{left}]\n")
-    refused = launcher.start(
-        "oxygen_ros.nodes.perception_node",
-        ros_args=[
-            *("--params-file", str(PARAMS), "--params-file", str(bad)),
-            *("-r", "__node:=perception"),
-        ],
-    )
+    refused = start_perception(launcher, bad)
     wait_for(lambda: not refused.alive(), 60, "perception to refuse joint_names without an arm")
     assert "needs the workcell's joints in joint_names" in refused.log(), refused.log()
     override = tmp_path / "override.yaml"
@@ -182,13 +181,7 @@ def test_cube_poses_follow_a_gripper_that_holds_the_cube(launcher, ros_node, tmp
         spec = tasks.sample_episode(4)
         sensors.show(cell, spec.objects)
         frames = ros_node.collect(ObservationFrame, "c_observation", OBSERVATION_QOS)
-        proc = launcher.start(
-            "oxygen_ros.nodes.perception_node",
-            ros_args=[
-                *("--params-file", str(PARAMS), "--params-file", str(override)),
-                *("-r", "__node:=perception"),
-            ],
-        )
+        proc = start_perception(launcher, override)
         wait_for(lambda: frames or not proc.alive(), 60, "a first observation frame")
         assert proc.alive(), proc.log()
         names = [*robot.JOINT_NAMES, *workcell_cubes.POSE_STATE_NAMES]
@@ -214,7 +207,7 @@ def test_cube_poses_follow_a_gripper_that_holds_the_cube(launcher, ros_node, tmp
         result = kin.solve(on_table[k] + [0.0, 0.0, 0.005], rotation, seed)
         assert result.converged
         joints = robot.HOME.copy()
-        joints[robot.arm_slice(spec.arm)][: len(robot.ARM_JOINTS)] = result.q
+        joints[robot.arm_columns(spec.arm)] = result.q
         joints[robot.gripper_index(spec.arm)] = 0.6
         pinch, _ = kin.forward(result.q)
         sensors.show(cell, spec.objects, joints)
