@@ -6,7 +6,6 @@ condition with a deadline and fails with a message naming what did not happen.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -16,8 +15,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 DISCOVERY_TIMEOUT_S = 15.0  # discovery usually takes 0.1-0.2 s, sometimes about 3 s
+T = TypeVar("T")
 
 
 def wait_for(
@@ -119,20 +120,53 @@ class SpinningNode:
         import rclpy
         from rclpy.executors import SingleThreadedExecutor
 
+        self.name = name
         self.context = rclpy.Context()
         rclpy.init(context=self.context)
         self.node = rclpy.create_node(name, context=self.context)
         self.executor = SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
         self._closed = False
+        self.spin_error: BaseException | None = None
         self._thread = threading.Thread(target=self._spin, daemon=True)
         self._thread.start()
 
     def _spin(self) -> None:
         from rclpy.executors import ExternalShutdownException
 
-        with contextlib.suppress(ExternalShutdownException):
+        try:
             self.executor.spin()
+        except ExternalShutdownException:
+            pass
+        except Exception as error:  # close() raises it: this node's callbacks stopped here
+            self.spin_error = error
+
+    def on_spin_thread(self, make: Callable[[], T], timeout_s: float = DISCOVERY_TIMEOUT_S) -> T:
+        """Runs `make` as an executor task on the spin thread; returns its result or raises its
+        exception here (raised in the task, it would end the spin thread). For entities whose
+        construction races a spinning executor."""
+
+        def run() -> tuple[T | None, Exception | None]:
+            try:
+                return make(), None
+            except Exception as error:
+                return None, error
+
+        task = self.executor.create_task(run)
+        wait_for(task.done, timeout_s, "a task on the spin thread")
+        value, error = task.result()
+        if error is not None:
+            raise error
+        return value
+
+    def action_client(self, action_type, name: str):
+        """An rclpy ActionClient of this node, made on the spin thread: ActionClient adds itself
+        to the node before it creates its lock, and an executor collecting the node's entities
+        in between raises AttributeError and stops spinning (ros2/rclpy#1589). In one CI run
+        that silenced this node's callbacks for the rest of a test module."""
+        from rclpy.action import ActionClient
+
+        return self.on_spin_thread(lambda: ActionClient(self.node, action_type, name))
 
     def collect(self, msg_type, topic: str, qos=10) -> list:
         """Subscribes to `topic`; returns the list the messages are appended to."""
@@ -169,6 +203,8 @@ class SpinningNode:
         self.node.destroy_node()
         if self.context.ok():
             self.context.try_shutdown()
+        if self.spin_error is not None:
+            raise AssertionError(f"{self.name}'s spin thread died") from self.spin_error
 
 
 def ros_test_env(log_dir: Path, domain_id: int) -> dict[str, str]:

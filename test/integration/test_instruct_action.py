@@ -73,7 +73,7 @@ class Host:
         self.node = ros_node.node
         self.calls_received = ros_node.collect(String, f"{prefix}/calls", latched_qos(1000))
         self._commands = self.node.create_publisher(String, f"{prefix}/commands", RELIABLE_QOS)
-        self.client = ActionClient(self.node, Instruct, f"{prefix}/instruct")
+        self.client = ros_node.action_client(Instruct, f"{prefix}/instruct")
         self.process = launcher.start(HOST, ros_args=list(ros_args), args=[prefix])
         self._seq = itertools.count(1)
         # Both directions of the script channel matched: a ping is acknowledged.

@@ -24,7 +24,6 @@ from harness import ProcessLauncher, SpinningNode, call_service, wait_for
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
 from rcl_interfaces.srv import GetParameters, SetParameters
-from rclpy.action import ActionClient
 from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 from std_msgs.msg import String
@@ -503,8 +502,7 @@ def test_instruct_goal_feedback_cancel_holds_and_a_time_limit_ends_it(graph) -> 
     action while the engine's chunks are dropped at the gate; the next goal moves the robot
     again (the positive control of that silence) and its time limit ends it ABORTED with
     STATUS_TIME_LIMIT, holding again."""
-    node = graph.view.node
-    client = ActionClient(node, Instruct, "oxygen/instruct")
+    client = graph.view.action_client(Instruct, "oxygen/instruct")
     assert client.wait_for_server(timeout_sec=30.0)
     diagnostics = graph.view.collect(DiagnosticArray, "/diagnostics", 50)
     feedback: list[Instruct.Feedback] = []
@@ -611,8 +609,23 @@ def test_lifecycle_transitions_switch_the_action_stream(graph) -> None:
         [*inference_args(graph.db_path), "-p", "inference:autostart:=false"],
     )
     count = len(graph.actions)
+
+    def unconfigured_report() -> str:  # what this process saw, if the wait below times out
+        values = inference_values(diagnostics)
+        keys = ("lifecycle_state", "frames_unconfigured", "frames_received")
+        shown = {k: values.get(k) for k in keys}
+        recent = sum(t >= graph.now() - 5.0 for t, _ in frames)
+        proc = graph.processes["inference"]
+        return (
+            f"frames, unconfigured: {len(diagnostics)} diagnostics arrays since the restart, "
+            f"the newest inference status's {shown}, {recent} "
+            f"frames received here in the last 5 s, the test node's spin error "
+            f"{graph.view.spin_error!r}, inference alive: {proc.alive()}; its log:\n"
+            f"{proc.log()[-3000:]}"
+        )
+
     # The new process's diagnostics (the old one's services may still be in the DDS graph).
-    wait_for(lambda: int(value("frames_unconfigured") or 0) >= 10, 120, "frames, unconfigured")
+    wait_for(lambda: int(value("frames_unconfigured") or 0) >= 10, 120, unconfigured_report)
     assert state() == "unconfigured"
     assert value("lifecycle_state") == "unconfigured" and len(graph.actions) == count
 

@@ -1,0 +1,68 @@
+"""The test harness's spinning node: work handed to its spin thread runs there, its errors
+come back to the caller, and the thread keeps spinning afterwards."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from harness import SpinningNode, wait_for
+from rclpy.action import ActionClient
+from std_msgs.msg import String
+
+from oxygen_ros.action import Instruct
+
+
+def spin_thread_alive(ros_node) -> bool:
+    """A message published now reaches the node's subscription (callbacks still run)."""
+    received = ros_node.collect(String, "harness_probe")
+    publisher = ros_node.node.create_publisher(String, "harness_probe", 10)
+    ros_node.wait_for_subscribers(publisher)
+    wait_for(
+        lambda: publisher.publish(String(data="x")) or received, 10, "the probe message", 0.05
+    )
+    return True
+
+
+def test_on_spin_thread_runs_there_and_returns_the_result(ros_node) -> None:
+    ident = ros_node.on_spin_thread(threading.get_ident)
+    assert ident == ros_node._thread.ident != threading.get_ident()
+
+
+def test_an_error_in_the_task_is_raised_here_and_the_thread_keeps_spinning(ros_node) -> None:
+    def fail() -> None:
+        raise ValueError("made on purpose")
+
+    with pytest.raises(ValueError, match="made on purpose"):
+        ros_node.on_spin_thread(fail)
+    assert spin_thread_alive(ros_node) and ros_node.spin_error is None
+
+
+def test_action_client_is_made_on_the_spin_thread(ros_node, monkeypatch) -> None:
+    made_on: list[int] = []
+    original = ActionClient.__init__
+
+    def record(self, *args, **kwargs) -> None:
+        made_on.append(threading.get_ident())
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ActionClient, "__init__", record)
+    client = ros_node.action_client(Instruct, "oxygen/instruct")
+    assert isinstance(client, ActionClient)
+    assert made_on == [ros_node._thread.ident]
+    assert spin_thread_alive(ros_node)
+
+
+def test_a_spin_thread_that_died_is_reported_at_close() -> None:
+    """The positive control of `spin_error is None` above: a task that raises where the
+    executor sees it ends the spin thread, and close() names that error."""
+    view = SpinningNode("test_harness_dies")
+
+    def fail() -> None:
+        raise ValueError("ends the spin thread")
+
+    view.executor.create_task(fail)
+    wait_for(lambda: not view._thread.is_alive(), 10, "the spin thread's end")
+    assert isinstance(view.spin_error, ValueError)
+    with pytest.raises(AssertionError, match="test_harness_dies's spin thread died"):
+        view.close()
