@@ -776,6 +776,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.info("generation took %.0f s with %d workers", time.monotonic() - started, workers)
         episodes = (split[0], split[1])
     if deadline > 0 and step_time > 0:
+        if episodes is None:  # the time left counts from when the data is ready
+            episodes = load_split(config)
         left = deadline - time.time()
         config = fit_to_deadline(config, left, step_time)
         logger.info("%.0f s left: training %d steps", left, config.steps)

@@ -257,6 +257,41 @@ def test_fit_to_deadline_keeps_time_for_compiling_and_a_guard(demos_dir, tmp_pat
         train.fit_to_deadline(config, left_s=60.0, step_time_s=0.1)
 
 
+def test_deadline_counts_from_when_the_recorded_data_is_loaded(
+    demos_dir, tmp_path, monkeypatch
+) -> None:
+    """`--deadline-unix` with `--data`: the steps fit the time left after loading (1000
+    demonstrations took 11.5 min to load), not the time left at start-up."""
+    clock = {"now": 1_000_000.0}
+    monkeypatch.setattr(train.time, "time", lambda: clock["now"])
+    load_split = train.load_split
+
+    def slow_load(config):
+        clock["now"] += 400.0  # loading takes 400 s of the 1000 left at start-up
+        return load_split(config)
+
+    fitted: list[train.TrainConfig] = []
+
+    def fake_train(config, episodes):
+        assert episodes is not None  # loaded once, before fitting
+        fitted.append(config)
+        return dict(
+            step=config.steps,
+            val_action_loss=0.0,
+            val_subtask_exact=0.0,
+            val_action_mae_rad=0.0,
+            train_wall_s=0.0,
+        )
+
+    monkeypatch.setattr(train, "load_split", slow_load)
+    monkeypatch.setattr(train, "train", fake_train)
+    argv = ["--data", str(demos_dir), "--out", str(tmp_path), "--steps", "100000"]
+    argv += ["--heldout", "1", "--deadline-unix", str(clock["now"] + 1000.0)]
+    assert train.main([*argv, "--step-time-s", "1.0"]) == 0
+    assert fitted[0].steps == 510  # 600 s left after loading, 15 % kept back
+    assert fitted[0].time_budget_s == 570.0
+
+
 def test_image_dropout_masks_every_camera_of_the_dropped_rows(demos_dir) -> None:
     config, samples = _workcell_samples(demos_dir)
     batch = train.to_batch(samples.take(np.array([0, 1, 2])), config.image_keys)
