@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             chunk = result.actions.actions
             moved = np.abs(chunk[-1] - robot.HOME)
             # each arm's largest joint move at the last row (grippers left out)
-            left, right = (moved[robot.arm_slice(arm)][:-1].max() for arm in robot.ARMS)
+            left, right = (moved[robot.arm_columns(arm)].max() for arm in robot.ARMS)
             episodes.append(
                 {
                     "seed": seed,

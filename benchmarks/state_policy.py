@@ -129,8 +129,7 @@ def pinch_features(state: np.ndarray, instruction: np.ndarray) -> np.ndarray:
     cube = named_cube_xy(state, instruction)
     parts = []
     for arm, kin in _kinematics().items():
-        columns = robot.arm_slice(arm)
-        joints = state[:, columns.start : columns.start + len(robot.ARM_JOINTS)]
+        joints = state[:, robot.arm_columns(arm)]
         pinch = np.stack([kin.forward(q)[0] for q in joints.astype(np.float64)])
         parts.append(np.concatenate([cube - pinch[:, :2], pinch[:, 2:]], axis=1))
     return np.concatenate(parts, axis=1).astype(np.float32)

@@ -127,7 +127,7 @@ class SpinningNode:
         self.executor = SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
         self._closed = False
-        self.spin_error: BaseException | None = None
+        self.spin_error: Exception | None = None
         self._thread = threading.Thread(target=self._spin, daemon=True)
         self._thread.start()
 

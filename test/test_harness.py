@@ -13,7 +13,7 @@ from std_msgs.msg import String
 from oxygen_ros.action import Instruct
 
 
-def spin_thread_alive(ros_node) -> bool:
+def assert_spin_thread_serves(ros_node) -> None:
     """A message published now reaches the node's subscription (callbacks still run)."""
     received = ros_node.collect(String, "harness_probe")
     publisher = ros_node.node.create_publisher(String, "harness_probe", 10)
@@ -21,7 +21,6 @@ def spin_thread_alive(ros_node) -> bool:
     wait_for(
         lambda: publisher.publish(String(data="x")) or received, 10, "the probe message", 0.05
     )
-    return True
 
 
 def test_on_spin_thread_runs_there_and_returns_the_result(ros_node) -> None:
@@ -35,7 +34,8 @@ def test_an_error_in_the_task_is_raised_here_and_the_thread_keeps_spinning(ros_n
 
     with pytest.raises(ValueError, match="made on purpose"):
         ros_node.on_spin_thread(fail)
-    assert spin_thread_alive(ros_node) and ros_node.spin_error is None
+    assert_spin_thread_serves(ros_node)
+    assert ros_node.spin_error is None
 
 
 def test_action_client_is_made_on_the_spin_thread(ros_node, monkeypatch) -> None:
@@ -50,7 +50,7 @@ def test_action_client_is_made_on_the_spin_thread(ros_node, monkeypatch) -> None
     client = ros_node.action_client(Instruct, "oxygen/instruct")
     assert isinstance(client, ActionClient)
     assert made_on == [ros_node._thread.ident]
-    assert spin_thread_alive(ros_node)
+    assert_spin_thread_serves(ros_node)
 
 
 def test_a_spin_thread_that_died_is_reported_at_close() -> None:
