@@ -10,8 +10,16 @@ It is trained like Gemma's tokenizer is configured: BPE, byte fallback (every st
 encodes, no unk), digits split, identity normalisation, no dummy prefix, whitespace kept, and
 PaliGemma's special ids pad=0, eos=1, bos=2, unk=3.
 
+With `--state-bins` it also gets one piece per discretised state value, "\u25810" ..
+"\u2581255" (user-defined pieces, matched longest first), written to
+`oxygen_state_bins_tokenizer.model`. The action prompt's text is unchanged (openpi's pi0.5
+format); only its tokens differ: every state number is one token instead of one per digit, so
+the i-th state value always sits at the same distance from the end of the prompt, whatever
+the instruction and the other values are.
+
 Usage (from the repository root; deterministic, single-threaded):
     python scripts/build_tokenizer.py [--output PATH]
+    python scripts/build_tokenizer.py --state-bins
 """
 
 from __future__ import annotations
@@ -24,17 +32,26 @@ import sentencepiece
 ASSETS = pathlib.Path(__file__).resolve().parents[1] / "oxygen_ros" / "engine" / "assets"
 CORPUS = ASSETS / "tokenizer_corpus.txt"
 OUTPUT = ASSETS / "oxygen_tiny_tokenizer.model"
+STATE_BINS_OUTPUT = ASSETS / "oxygen_state_bins_tokenizer.model"
 VOCAB_SIZE = 640
+NUM_STATE_BINS = 256  # engine/prompts.py: openpi's 256 state bins
+STATE_BIN_PIECES = tuple(f"\u2581{b}" for b in range(NUM_STATE_BINS))
 
 
-def build(corpus: pathlib.Path, output: pathlib.Path, vocab_size: int = VOCAB_SIZE) -> None:
-    """Trains the model from `corpus` and writes it to `output` (a .model file)."""
-    proto = _train(corpus, vocab_size)
+def build(
+    corpus: pathlib.Path,
+    output: pathlib.Path,
+    vocab_size: int = VOCAB_SIZE,
+    state_bins: bool = False,
+) -> None:
+    """Trains the model from `corpus` and writes it to `output` (a .model file). With
+    `state_bins`, the 256 state-bin pieces come on top of `vocab_size`."""
+    proto = _train(corpus, vocab_size, STATE_BIN_PIECES if state_bins else ())
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_bytes(proto)
 
 
-def _train(corpus: pathlib.Path, vocab_size: int) -> bytes:
+def _train(corpus: pathlib.Path, vocab_size: int, user_pieces: tuple[str, ...]) -> bytes:
     import io
 
     model = io.BytesIO()
@@ -42,7 +59,8 @@ def _train(corpus: pathlib.Path, vocab_size: int) -> bytes:
         input=str(corpus),
         model_writer=model,
         model_type="bpe",
-        vocab_size=vocab_size,
+        vocab_size=vocab_size + len(user_pieces),
+        user_defined_symbols=list(user_pieces),
         byte_fallback=True,
         split_digits=True,
         normalization_rule_name="identity",
@@ -72,10 +90,15 @@ def _train(corpus: pathlib.Path, vocab_size: int) -> bytes:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=pathlib.Path, default=CORPUS)
-    parser.add_argument("--output", type=pathlib.Path, default=OUTPUT)
+    parser.add_argument("--output", type=pathlib.Path, default=None)
     parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
+    parser.add_argument(
+        "--state-bins", action="store_true", help="add one piece per state bin (0 .. 255)"
+    )
     args = parser.parse_args()
-    build(args.corpus, args.output, args.vocab_size)
+    if args.output is None:
+        args.output = STATE_BINS_OUTPUT if args.state_bins else OUTPUT
+    build(args.corpus, args.output, args.vocab_size, args.state_bins)
     print(f"wrote {args.output}")
 
 

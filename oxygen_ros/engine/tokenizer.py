@@ -5,7 +5,8 @@ it at `$OPENPI_DATA_HOME/big_vision/paligemma_tokenizer.model` (default `~/.cach
 It cannot be downloaded here and no package ships it, so randomly initialised engines fall
 back to `BUNDLED_TOKENIZER_PATH`: a 640-piece BPE model trained offline by
 `scripts/build_tokenizer.py` from `assets/tokenizer_corpus.txt` (text written for this
-project), with byte fallback and PaliGemma's special ids.
+project), with byte fallback and PaliGemma's special ids. `STATE_BINS_TOKENIZER_PATH` is the
+same corpus with one piece per discretised state value (scripts/build_tokenizer.py).
 
 Invariants:
 - Special ids are PaliGemma's in both models: pad=0, eos=1, bos=2, unk=3.
@@ -27,6 +28,9 @@ logger = logging.getLogger("oxygen_ros.engine")
 
 ASSETS_DIR = pathlib.Path(__file__).resolve().parent / "assets"
 BUNDLED_TOKENIZER_PATH = ASSETS_DIR / "oxygen_tiny_tokenizer.model"
+# The same corpus with one piece per state bin (" 0" .. " 255"): a training option
+# (`--tokenizer-path`); a checkpoint trained with it carries it as its own tokenizer.
+STATE_BINS_TOKENIZER_PATH = ASSETS_DIR / "oxygen_state_bins_tokenizer.model"
 TOKENIZER_FILE = "tokenizer.model"  # a checkpoint's own tokenizer, next to its norm stats
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 

@@ -11,12 +11,16 @@ first). Steps, on 2 CPU cores:
    With `--state-dropout p`, a fraction p of the samples in each batch carry their episode's
    first (home) joint state in the prompt instead of their own (training/data.py), so the arm
    that acts must be read from the instruction and the images, as on a first frame.
+   With a tokenizer that has one piece per state bin (`--tokenizer-path` of
+   engine/tokenizer.STATE_BINS_TOKENIZER_PATH), those 256 embedding rows start in the bins'
+   order (training/bin_embeddings.py) unless training resumes from a checkpoint.
 4. Every `--eval-every` steps, on held-out samples: action loss, teacher-forced exact-match
    accuracy of each language kind, and the error of denoised actions (engine `prefill` +
    `denoise`, fixed noise) in radians; on the first frame of every held-out episode (robot at
    home: only the instruction and the images tell the arm), which arm the denoised chunk moves
    more against the arm the task needs, and the narration (it names the arm) exact match;
-   logged to metrics.jsonl, plotted to loss_curve.png.
+   with `--image-dropout`, the held-out action loss with every camera masked (what the prompt
+   alone tells the model); logged to metrics.jsonl, plotted to loss_curve.png.
 5. The checkpoint: `<out>/params` (orbax, openpi's {"params": tree}) and
    `<out>/assets/<assets_id>/norm_stats.json`, loaded by the engine through
    `checkpoint_dir` unchanged. Only the first `vocab_size` rows of the 257,152-row embedding
@@ -63,8 +67,8 @@ from oxygen_ros.engine.model import Pi05Model, abstract_model, create_model
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, TOKENIZER_FILE, Tokenizer
 from oxygen_ros.engine.types import RequestKind
 from oxygen_ros.sim import recorder, robot
+from oxygen_ros.training import bin_embeddings, fresh_demos
 from oxygen_ros.training import data as _data
-from oxygen_ros.training import fresh_demos
 from oxygen_ros.training import loss as _loss
 
 logger = logging.getLogger("oxygen_ros.training")
@@ -254,6 +258,17 @@ class Trainer:
         self.schedule = self._fns.schedule
         self.opt_state = self._fns.optimizer.init(self.params)
 
+    def embedding(self) -> np.ndarray:
+        """The trained rows of the tied embedding table [vocab_size, width]."""
+        return np.asarray(self.params[self._fns.embedding])
+
+    def replace_embedding(self, table: np.ndarray) -> None:
+        """Sets the trained rows (same shape and dtype; before the first step)."""
+        current = self.params[self._fns.embedding]
+        if table.shape != current.shape:
+            raise ValueError(f"embedding {table.shape} is not the trained {current.shape}")
+        self.params[self._fns.embedding] = jnp.asarray(table, current.dtype)
+
     def step(self, rng: jax.Array, batch: _loss.Batch) -> dict[str, float]:
         self.params, self.opt_state, metrics = self._fns.step(
             self.params, self.opt_state, rng, batch
@@ -442,6 +457,24 @@ def evaluate(
     return result
 
 
+def evaluate_blind(
+    trainer: Trainer,
+    samples: _data.Samples,
+    index: np.ndarray,
+    image_keys: Sequence[str],
+    batch_size: int,
+) -> dict[str, float]:
+    """Held-out action loss with every camera masked out (`drop_images`): what the instruction
+    and the state in the prompt alone tell the model, for runs trained with image dropout."""
+    action = []
+    for start in range(0, len(index), batch_size):
+        rows = samples.take(index[start : start + batch_size])
+        batch = drop_images(to_batch(rows, image_keys), np.zeros(len(rows["tokens"]), bool))
+        losses = trainer.eval_losses(jax.random.key(start), batch)
+        action.append(np.asarray(losses.action).mean(axis=-1))
+    return {"val_blind_action_loss": float(np.concatenate(action).mean())}
+
+
 def moved_arm(chunk: np.ndarray, state: np.ndarray) -> str:
     """The arm whose joints a chunk [A, J] (robot units) moves further from `state`, summed
     over the rows."""
@@ -509,6 +542,14 @@ def plot_curves(records: list[dict], path: pathlib.Path) -> None:
         "o-",
         label="held-out action_loss",
     )
+    blind = [r for r in val if "val_blind_action_loss" in r]
+    if blind:
+        axes[0].plot(
+            [r["step"] for r in blind],
+            [r["val_blind_action_loss"] for r in blind],
+            "s--",
+            label="held-out action_loss, cameras masked",
+        )
     axes[0].set_yscale("log")
     axes[0].set_xlabel("step")
     axes[0].legend()
@@ -593,6 +634,13 @@ def train(
     else:
         model = create_model(model_config, seed=config.seed)
     trainer = Trainer(config, model, tokenizer.vocab_size)
+    bins = bin_embeddings.bin_token_ids(tokenizer)
+    smooth_bins = bins is not None and not config.init_from
+    if smooth_bins:
+        trainer.replace_embedding(
+            bin_embeddings.with_smooth_bins(trainer.embedding(), bins, config.seed)
+        )
+        logger.info("the tokenizer has one piece per state bin: their rows start in order")
     rng = np.random.default_rng(config.seed)
     eval_index = np.random.default_rng(config.seed + 1).permutation(len(heldout_samples))
     eval_index = np.sort(eval_index[: config.eval_samples])
@@ -605,6 +653,7 @@ def train(
         "train_episodes": [int(s) for s in train_eps.seeds],
         "heldout_episodes": [int(s) for s in heldout_eps.seeds],
         "train_samples": len(train_samples),
+        "smooth_bin_rows": smooth_bins,
         "jax": jax.__version__,
     }
     (out_dir / "run.json").write_text(json.dumps(run, indent=1))
@@ -646,6 +695,16 @@ def train(
                     config.batch_size,
                 )
             )
+            if config.image_dropout > 0:
+                record.update(
+                    evaluate_blind(
+                        trainer,
+                        heldout_samples,
+                        eval_index,
+                        model_config.image_keys,
+                        config.batch_size,
+                    )
+                )
             record.update(
                 evaluate_first_frames(
                     trainer,

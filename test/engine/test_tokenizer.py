@@ -6,11 +6,14 @@ import importlib.util
 import logging
 import pathlib
 
+import numpy as np
 import pytest
 from engine_factories import make_engine_config
 
+from oxygen_ros.engine.prompts import discretize_state, tokenize_action_prompt
 from oxygen_ros.engine.tokenizer import (
     BUNDLED_TOKENIZER_PATH,
+    STATE_BINS_TOKENIZER_PATH,
     Tokenizer,
     resolve_tokenizer_path,
 )
@@ -43,6 +46,49 @@ def test_build_script_reproduces_the_bundled_model(tmp_path) -> None:
     output = tmp_path / "rebuilt.model"
     _build_script().build(REPO / "oxygen_ros/engine/assets/tokenizer_corpus.txt", output)
     assert output.read_bytes() == BUNDLED_TOKENIZER_PATH.read_bytes()
+
+
+def test_build_script_reproduces_the_state_bins_model(tmp_path) -> None:
+    output = tmp_path / "rebuilt.model"
+    script = _build_script()
+    script.build(REPO / "oxygen_ros/engine/assets/tokenizer_corpus.txt", output, state_bins=True)
+    assert output.read_bytes() == STATE_BINS_TOKENIZER_PATH.read_bytes()
+    tokenizer = Tokenizer(output)
+    assert tokenizer.vocab_size == script.VOCAB_SIZE + 256
+    for text in ["Stack the cubes.\nDone!", "déjà vu ✓ 日本 ", "  two  spaces\t", " 2560 007"]:
+        assert tokenizer.decode(tokenizer.encode(text)) == text
+        assert 3 not in tokenizer.encode(text)
+
+
+def _state_tail(tokenizer: Tokenizer, instruction: str, state: np.ndarray) -> list[int]:
+    """The prompt's valid tokens after "State:" (the state, then ";\nAction: ")."""
+    tokens, mask = tokenize_action_prompt(tokenizer, instruction, state, 200)
+    ids = tokens[mask].tolist()
+    marker = tokenizer.encode(", State:")
+    start = next(i for i in range(len(ids)) if ids[i : i + len(marker)] == marker)
+    return ids[start + len(marker) :]
+
+
+def test_state_bins_put_every_state_value_at_a_fixed_distance_from_the_prompt_end() -> None:
+    """The prompt's text is openpi's either way; with the bins model each of the 35 values is
+    one token, so value i is always the same number of tokens before the end. Control: with
+    the bundled model (one token per digit) the same states give tails of other lengths."""
+    rng = np.random.default_rng(0)
+    states = [rng.uniform(-1, 1, 35) for _ in range(3)] + [np.full(35, -1.0), np.full(35, 0.99)]
+    instructions = ["pick up the red cube", "move the blue cube to the right of the green cube"]
+    bins = Tokenizer(STATE_BINS_TOKENIZER_PATH)
+    end = bins.encode(";\nAction: ")
+    digit_lengths = set()
+    for state in states:
+        for instruction in instructions:
+            tail = _state_tail(bins, instruction, state)
+            assert tail[len(state) :] == end
+            expected = [bins.encode(f" {b}")[0] for b in discretize_state(state)]
+            assert tail[: len(state)] == expected
+            digit_lengths.add(
+                len(_state_tail(Tokenizer(BUNDLED_TOKENIZER_PATH), instruction, state))
+            )
+    assert len(digit_lengths) > 1
 
 
 def test_explicit_tokenizer_path_must_exist(tmp_path) -> None:

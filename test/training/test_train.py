@@ -15,11 +15,16 @@ from oxygen_ros.engine import model_fns
 from oxygen_ros.engine.checkpoint import Normalizer, params_into_model
 from oxygen_ros.engine.config import NormConfig, PromptConfig, get_model_config
 from oxygen_ros.engine.engine import Engine
-from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, Tokenizer, resolve_tokenizer_path
+from oxygen_ros.engine.tokenizer import (
+    BUNDLED_TOKENIZER_PATH,
+    STATE_BINS_TOKENIZER_PATH,
+    Tokenizer,
+    resolve_tokenizer_path,
+)
 from oxygen_ros.engine.types import Observation
 from oxygen_ros.nodes.image_conversion import resize_with_pad
 from oxygen_ros.sim import recorder, robot
-from oxygen_ros.training import data, train
+from oxygen_ros.training import bin_embeddings, data, train
 
 pytestmark = pytest.mark.slow
 
@@ -77,6 +82,7 @@ def test_loss_falls_and_curves_are_written(trained) -> None:
     assert final["val_first_arm"] in (0.0, 1.0)
     assert final["val_first_narration_exact"] in (0.0, 1.0)
     assert ("val_first_arm_named" in final) != ("val_first_arm_from_images" in final)
+    assert "val_blind_action_loss" not in final  # no image dropout in this run
     assert (out / "loss_curve.png").stat().st_size > 10_000
     run = json.loads((out / "run.json").read_text())
     assert run["heldout_episodes"] == [1002] and 1002 not in run["train_episodes"]
@@ -162,13 +168,47 @@ def test_moved_arm_is_the_arm_whose_joints_move_further() -> None:
         assert train.moved_arm(chunk, state) == arm
 
 
+def _delta_bins_config(demos_dir, out, **overrides) -> train.TrainConfig:
+    return _config(
+        demos_dir, out, steps=4, eval_every=4, state_dropout=0.0, delta_actions=True,
+        tokenizer_path=str(STATE_BINS_TOKENIZER_PATH), image_dropout=0.5, **overrides,
+    )  # fmt: skip
+
+
+def test_state_bin_rows_start_in_order(demos_dir, tmp_path) -> None:
+    """With a tokenizer that has one piece per state bin, training starts those embedding rows
+    at bin_embeddings.smooth_bin_rows (the delta test's statics: nothing recompiles; the time
+    budget ends the run after its first step, whose learning rate is 0, so the saved table is
+    the starting one)."""
+    out = tmp_path / "bins"
+    assert train.train(_delta_bins_config(demos_dir, out, time_budget_s=1e-9))["step"] == 1
+    assert json.loads((out / "run.json").read_text())["smooth_bin_rows"] is True
+    with ocp.PyTreeCheckpointer() as checkpointer:
+        params = checkpointer.restore(out / "params")["params"]
+    tokenizer = Tokenizer(STATE_BINS_TOKENIZER_PATH)
+    table = np.asarray(params["PaliGemma"]["llm"]["embedder"]["input_embedding"])
+    table = table[: tokenizer.vocab_size]
+    ids = bin_embeddings.bin_token_ids(tokenizer)
+    others = np.setdiff1d(np.arange(len(table)), ids)
+    norm = np.mean(np.linalg.norm(table[others], axis=1))
+    expected = bin_embeddings.smooth_bin_rows(table.shape[1], norm, seed=0)
+    np.testing.assert_allclose(table[ids], expected, rtol=1e-5, atol=1e-7)
+
+
 def test_delta_action_training_is_served_as_absolute_targets(demos_dir, tmp_path) -> None:
     """--delta-actions: chunks are learnt relative to the state with openpi's DeltaActions
     (norm stats of the deltas), the mask is written next to the norm stats, and the engine
-    serves state + unnormalised delta on the arm joints (grippers stay absolute)."""
+    serves state + unnormalised delta on the arm joints (grippers stay absolute). Trained with
+    the state-bins tokenizer, which the checkpoint carries and the engine then serves with, and
+    image dropout, so the evaluation also reports the held-out action loss with every camera
+    masked (same samples and noise; it differs once the action expert's gates have opened: at
+    initialisation openpi's adaRMS gates are zero and the prefix does not reach the actions)."""
     out = tmp_path / "delta"
-    config = _config(demos_dir, out, steps=4, eval_every=4, state_dropout=0.0, delta_actions=True)
-    train.train(config)
+    final = train.train(_delta_bins_config(demos_dir, out))
+    assert np.isfinite(final["val_blind_action_loss"])
+    assert final["val_blind_action_loss"] != final["val_action_loss"]
+    own = out / "assets" / "workcell" / "tokenizer.model"
+    assert own.read_bytes() == STATE_BINS_TOKENIZER_PATH.read_bytes()
     assert json.loads((out / "assets" / "workcell" / "action_space.json").read_text()) == {
         "delta_action_mask": list(data.DELTA_ACTION_MASK)
     }
