@@ -399,6 +399,26 @@ class _HeldOutBatch:
     exact: dict[int, np.ndarray]  # language segment -> bool [B]: the whole target right
 
 
+def _held_out_losses(
+    trainer: Trainer,
+    samples: _data.Samples,
+    index: np.ndarray,
+    image_keys: Sequence[str],
+    batch_size: int,
+    cameras: bool = True,
+):
+    """Teacher-forced losses on `index` batch by batch, each batch's flow-matching draws from
+    its offset (so runs with and without `cameras` compare the same noise and times); yields
+    (offset, sample indices, host rows, model batch, losses)."""
+    for start in range(0, len(index), batch_size):
+        chosen = index[start : start + batch_size]
+        rows = samples.take(chosen)
+        batch = to_batch(rows, image_keys)
+        if not cameras:
+            batch = drop_images(batch, np.zeros(len(chosen), bool))
+        yield start, chosen, rows, batch, trainer.eval_losses(jax.random.key(start), batch)
+
+
 def _held_out_batches(
     trainer: Trainer,
     samples: _data.Samples,
@@ -411,11 +431,9 @@ def _held_out_batches(
 ):
     """Runs losses and denoising (the engine's prefill + denoise) on `index` batch by batch."""
     noise_key = jax.random.key(noise_seed)
-    for start in range(0, len(index), batch_size):
-        chosen = index[start : start + batch_size]
-        rows = samples.take(chosen)
-        batch = to_batch(rows, image_keys)
-        losses = trainer.eval_losses(jax.random.key(start), batch)
+    for start, chosen, rows, batch, losses in _held_out_losses(
+        trainer, samples, index, image_keys, batch_size
+    ):
         wrong = rows["lang_loss_mask"] & ~np.asarray(losses.token_correct)
         exact = {
             seg: ~(wrong & (rows["lang_segment"] == seg)).any(axis=1)
@@ -466,12 +484,12 @@ def evaluate_blind(
 ) -> dict[str, float]:
     """Held-out action loss with every camera masked out (`drop_images`): what the instruction
     and the state in the prompt alone tell the model, for runs trained with image dropout."""
-    action = []
-    for start in range(0, len(index), batch_size):
-        rows = samples.take(index[start : start + batch_size])
-        batch = drop_images(to_batch(rows, image_keys), np.zeros(len(rows["tokens"]), bool))
-        losses = trainer.eval_losses(jax.random.key(start), batch)
-        action.append(np.asarray(losses.action).mean(axis=-1))
+    action = [
+        np.asarray(losses.action).mean(axis=-1)
+        for *_, losses in _held_out_losses(
+            trainer, samples, index, image_keys, batch_size, cameras=False
+        )
+    ]
     return {"val_blind_action_loss": float(np.concatenate(action).mean())}
 
 

@@ -76,7 +76,7 @@ def test_state_bins_put_every_state_value_at_a_fixed_distance_from_the_prompt_en
     rng = np.random.default_rng(0)
     states = [rng.uniform(-1, 1, 35) for _ in range(3)] + [np.full(35, -1.0), np.full(35, 0.99)]
     instructions = ["pick up the red cube", "move the blue cube to the right of the green cube"]
-    bins = Tokenizer(STATE_BINS_TOKENIZER_PATH)
+    bins, digits = Tokenizer(STATE_BINS_TOKENIZER_PATH), Tokenizer(BUNDLED_TOKENIZER_PATH)
     end = bins.encode(";\nAction: ")
     digit_lengths = set()
     for state in states:
@@ -85,9 +85,7 @@ def test_state_bins_put_every_state_value_at_a_fixed_distance_from_the_prompt_en
             assert tail[len(state) :] == end
             expected = [bins.encode(f" {b}")[0] for b in discretize_state(state)]
             assert tail[: len(state)] == expected
-            digit_lengths.add(
-                len(_state_tail(Tokenizer(BUNDLED_TOKENIZER_PATH), instruction, state))
-            )
+            digit_lengths.add(len(_state_tail(digits, instruction, state)))
     assert len(digit_lengths) > 1
 
 
