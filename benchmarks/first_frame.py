@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     data.add_object_state_argument(parser)  # as the checkpoint was trained
     args = parser.parse_args(argv)
     checkpoint = resolve_path(args.checkpoint)
-    preset = data.OBJECT_STATE_PRESETS[args.object_state]
+    preset = data.model_preset(args.preset, args.object_state)
     engine = Engine(
         train.engine_config(checkpoint, preset=preset, scheduler=SchedulerConfig(mode="shared_kv"))
     )

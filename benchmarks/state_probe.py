@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
-    preset = data.OBJECT_STATE_PRESETS[args.object_state]
+    preset = data.model_preset(args.preset, args.object_state)
     engine = Engine(
         engine_config(args.checkpoint, preset=preset, scheduler=SchedulerConfig(mode="shared_kv"))
     )
@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         object_state=args.object_state,
         speak=False,
         resolution=engine.config.model.image_resolution,
+        preset=preset,
     )
     workcell = Workcell(WorkcellConfig())
     results = []

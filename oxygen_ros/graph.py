@@ -49,8 +49,8 @@ LAUNCH_ARGUMENTS: tuple[LaunchArgument, ...] = (
     LaunchArgument(
         "model_preset",
         "",
-        "engine preset (tiny, workcell, workcell_objects, workcell_poses or pi05), also "
-        "perception's image size (empty: the YAML's value)",
+        "engine preset (tiny, workcell, workcell_objects, workcell_poses, "
+        "workcell_poses_bins or pi05), also perception's image size (empty: the YAML's value)",
     ),
     LaunchArgument(
         "checkpoint_dir",

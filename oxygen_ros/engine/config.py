@@ -15,6 +15,8 @@ Presets (`get_model_config(name)`):
   the cubes' table positions as the workcell's cube detector sees them (prefix 212 tokens).
 - `workcell_poses`: `workcell` with a 164-token prompt budget, for a state that also carries
   the cubes' poses (`perception/workcell_cubes.POSE_STATE_NAMES`, 21 numbers; prefix 272).
+- `workcell_poses_bins`: the same state for the tokenizer with one piece per state bin
+  (`tokenizer.STATE_BINS_TOKENIZER_PATH`): a 56-token prompt budget, prefix 164 tokens.
 
 Invariants:
 - Every config is a frozen, hashable dataclass; compiled model functions are cached per
@@ -36,7 +38,14 @@ from typing import Literal
 
 from oxygen_ros.engine.types import RequestKind
 
-PRESET_NAMES = ("tiny", "workcell", "workcell_objects", "workcell_poses", "pi05")
+PRESET_NAMES = (
+    "tiny",
+    "workcell",
+    "workcell_objects",
+    "workcell_poses",
+    "workcell_poses_bins",
+    "pi05",
+)
 PI05_IMAGE_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 PALIGEMMA_VOCAB_SIZE = 257_152  # rows of the tied embedding in every openpi Gemma variant
 
@@ -75,7 +84,7 @@ class ModelConfig:
 
 
 def get_model_config(name: str) -> ModelConfig:
-    """Returns the named preset (`tiny`, `workcell` or `pi05`)."""
+    """Returns the named preset (one of `PRESET_NAMES`)."""
     if name == "tiny":
         return ModelConfig(
             name="tiny",
@@ -84,6 +93,13 @@ def get_model_config(name: str) -> ModelConfig:
             vision_variant="mu/14",
             dtype="float32",
             param_dtype="float32",
+        )
+    if name == "workcell_poses_bins":
+        # workcell_poses for a tokenizer with one piece per state bin
+        # (tokenizer.STATE_BINS_TOKENIZER_PATH): the same 35 numbers, one token each, take 56
+        # tokens with the longest instruction, so the prefix is 164 tokens instead of 272.
+        return dataclasses.replace(
+            get_model_config("workcell"), name="workcell_poses_bins", max_token_len=56
         )
     if name == "workcell_poses":
         # 14 joints + 21 cube pose numbers: 162 tokens with the longest instruction and every

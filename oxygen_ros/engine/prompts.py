@@ -54,10 +54,21 @@ def pad_tokens(ids: list[int], length: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def tokenize_action_prompt(
-    tokenizer: Tokenizer, instruction: str, state: np.ndarray, max_len: int
+    tokenizer: Tokenizer,
+    instruction: str,
+    state: np.ndarray,
+    max_len: int,
+    truncate: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Tokenises the pi0.5 action prompt; returns (tokens int32 [max_len], mask bool [max_len])."""
+    """Tokenises the pi0.5 action prompt; returns (tokens int32 [max_len], mask bool [max_len]).
+    A prompt longer than `max_len` is cut (with a warning, as openpi does) or, with
+    `truncate=False`, refused with a ValueError (training must not learn from a cut state)."""
     ids = tokenizer.encode(format_action_prompt(instruction, state), add_bos=True)
+    if len(ids) > max_len and not truncate:
+        raise ValueError(
+            f"prompt has {len(ids)} tokens, more than max_token_len={max_len}: the preset's "
+            "prompt budget does not hold this instruction and state with this tokenizer"
+        )
     if len(ids) > max_len:
         logger.warning(
             "prompt has %d tokens, more than max_token_len=%d; truncating (as openpi does)",

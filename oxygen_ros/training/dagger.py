@@ -285,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--expert", choices=LABELLERS, default="feedback", help="the labeller")
     args = parser.parse_args(argv)
     config = rollout.RolloutConfig(
-        execute_s=args.execute_s, object_state=args.object_state, speak=False
+        execute_s=args.execute_s, object_state=args.object_state, speak=False, preset=args.preset
     )
     results = collect(
         args.checkpoint,

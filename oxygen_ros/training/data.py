@@ -60,8 +60,15 @@ LANGUAGE_KINDS = (RequestKind.SUBTASK, RequestKind.NARRATION, RequestKind.MEMORY
 # openpi's ALOHA delta mask: the 6 arm joints of each arm relative to the state, grippers
 # absolute (robot.JOINT_NAMES: left arm, left gripper, right arm, right gripper).
 DELTA_ACTION_MASK = _transforms.make_bool_mask(6, -1, 6, -1)
-# The preset whose prompt budget holds each object state (`workcell_cubes.OBJECT_STATES`).
+# The preset whose prompt budget holds each object state (`workcell_cubes.OBJECT_STATES`)
+# with the bundled tokenizer: the default for that state.
 OBJECT_STATE_PRESETS = {"": "workcell", "positions": "workcell_objects", "poses": "workcell_poses"}
+# Every workcell preset and the object state its prompt budget was sized for
+# (workcell_poses_bins: the poses at one token per number, tokenizer.STATE_BINS_TOKENIZER_PATH).
+PRESET_OBJECT_STATES = {
+    **{preset: kind for kind, preset in OBJECT_STATE_PRESETS.items()},
+    "workcell_poses_bins": "poses",
+}
 LANGUAGE_BLOCK_LEN = 48  # packed tails + targets of the three kinds (longest: 43)
 
 
@@ -317,7 +324,7 @@ def build_samples(
         spec = episodes.specs[int(episodes.episode[i])]
         state = normalizer.normalize_state(episodes.state[i])
         tokens[i], token_mask[i] = prompts.tokenize_action_prompt(
-            tokenizer, spec.instruction, state, config.max_token_len
+            tokenizer, spec.instruction, state, config.max_token_len, truncate=False
         )
         key = (int(episodes.episode[i]), int(episodes.stage[i]))
         if key not in cache:
@@ -353,11 +360,31 @@ def drop_state(rows: dict[str, object], drop: np.ndarray) -> dict[str, object]:
 
 def object_state_of(preset: str) -> str:
     """The object state a preset's prompt budget was sized for ("" for the others)."""
-    return {p: kind for kind, p in OBJECT_STATE_PRESETS.items()}.get(preset, "")
+    return PRESET_OBJECT_STATES.get(preset, "")
+
+
+def model_preset(preset: str, object_state: str) -> str:
+    """The model preset of a checkpoint trained with `object_state`: `preset`, or that state's
+    default (`OBJECT_STATE_PRESETS`) when empty. Refuses a preset whose prompt budget was
+    sized for another state."""
+    preset = preset or OBJECT_STATE_PRESETS[object_state]
+    if object_state_of(preset) != object_state:
+        raise ValueError(
+            f"preset {preset} was sized for the object state {object_state_of(preset)!r}, "
+            f"not {object_state!r}"
+        )
+    return preset
 
 
 def add_object_state_argument(parser: argparse.ArgumentParser) -> None:
-    """`--object-state [positions|poses]` (alone: positions; absent: none)."""
+    """`--object-state [positions|poses]` (alone: positions; absent: none) and `--preset`
+    (the checkpoint's model preset; empty: the object state's default, see `model_preset`)."""
+    parser.add_argument(
+        "--preset",
+        default="",
+        help="the model preset the checkpoint was trained with (default: the object "
+        "state's, data.OBJECT_STATE_PRESETS; workcell_poses_bins for the state-bins tokenizer)",
+    )
     parser.add_argument(
         "--object-state",
         nargs="?",

@@ -51,6 +51,7 @@ class RolloutConfig:
     object_state: str = ""  # what follows the joints in the state (workcell_cubes.OBJECT_STATES)
     speak: bool = True  # a subtask request every frame, scored against the stage
     resolution: tuple[int, int] = (96, 96)  # model image size (the preset's image_resolution)
+    preset: str = ""  # the checkpoint's model preset ("": the object state's, data.model_preset)
 
     def __post_init__(self) -> None:
         if self.noise not in NOISE_MODES:
@@ -62,6 +63,7 @@ class RolloutConfig:
             )
         if not self.execute_s > 0 or not self.action_dt_s > 0 or not self.control_hz > 0:
             raise ValueError("execute_s, action_dt_s and control_hz must be > 0")
+        data.model_preset(self.preset, self.object_state)  # raises for a mismatched preset
 
 
 @dataclasses.dataclass
@@ -206,7 +208,7 @@ def summarise(episodes: Sequence[EpisodeResult]) -> dict:
 
 
 def make_policy(
-    checkpoint: str, config: RolloutConfig, preset: str | None = None
+    checkpoint: str, config: RolloutConfig
 ) -> tuple[EnginePolicy | ExpertPolicy, RolloutConfig]:
     """The policy a checkpoint directory (or "expert") names, and `config` at its model's
     image resolution."""
@@ -214,7 +216,7 @@ def make_policy(
 
     if checkpoint == "expert":
         return ExpertPolicy(config), config
-    preset = preset or data.OBJECT_STATE_PRESETS[config.object_state]
+    preset = data.model_preset(config.preset, config.object_state)
     engine = Engine(
         engine_config(checkpoint, preset=preset, scheduler=SchedulerConfig(mode="shared_kv"))
     )
@@ -223,11 +225,11 @@ def make_policy(
 
 
 def rollouts(
-    checkpoint: str, seeds: Sequence[int], config: RolloutConfig, preset: str | None = None
+    checkpoint: str, seeds: Sequence[int], config: RolloutConfig
 ) -> tuple[list[EpisodeResult], dict]:
     """Runs every seed with one policy and one workcell (checkpoint "expert": the scripted
     expert); returns per-episode results and the summary."""
-    policy, config = make_policy(checkpoint, config, preset)
+    policy, config = make_policy(checkpoint, config)
     workcell = Workcell(WorkcellConfig())
     episodes = []
     try:
@@ -271,6 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         noise=args.noise,
         object_state=args.object_state,
         speak=not args.no_speak,
+        preset=args.preset,
     )
     episodes, summary = rollouts(args.checkpoint, parse_seeds(args.seeds), config)
     if args.out:

@@ -120,12 +120,13 @@ class TrainConfig:
                 "state dropout puts the home state in the prompt: delta actions "
                 "are relative to the real one"
             )
-        preset = _data.OBJECT_STATE_PRESETS.get(self.object_state)
-        if preset is None:
+        if self.object_state not in _data.OBJECT_STATE_PRESETS:
             raise ValueError(f"object_state must be one of {tuple(_data.OBJECT_STATE_PRESETS)}")
-        if self.object_state and self.preset != preset:
+        if self.object_state and _data.object_state_of(self.preset) != self.object_state:
+            presets = [p for p, k in _data.PRESET_OBJECT_STATES.items() if k == self.object_state]
             raise ValueError(
-                f"object_state {self.object_state} needs the {preset} preset (its prompt budget)"
+                f"object_state {self.object_state} needs one of the presets {presets} "
+                "(their prompt budget holds it)"
             )
         if not 0 < self.end_lr <= self.peak_lr:
             raise ValueError("need 0 < end_lr <= peak_lr")
@@ -818,7 +819,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     _data.add_object_state_argument(parser)
     for name, field in fields.items():
-        if name in ("data_dir", "out_dir", "object_state"):
+        if name in ("data_dir", "out_dir", "object_state", "preset"):
             continue
         flag = "--" + name.replace("_", "-")
         if field.type in ("bool", bool):
@@ -833,6 +834,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     deadline, step_time = args.pop("deadline_unix"), args.pop("step_time_s")
     if bool(generate) == bool(args["data"]) or bool(generate) != bool(heldout_set):
         parser.error("give --data, or --generate with --generate-heldout")
+    args["preset"] = _data.model_preset(args["preset"], args["object_state"])
     config = TrainConfig(data_dir=args.pop("data"), out_dir=args.pop("out"), **args)
     # force: an import (absl, via orbax) has already put a WARNING-level handler on the root
     # logger, which would make basicConfig a no-op and hide the data and evaluation lines.

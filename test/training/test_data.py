@@ -10,12 +10,17 @@ from oxygen_ros.engine import prompts
 from oxygen_ros.engine.checkpoint import Normalizer
 from oxygen_ros.engine.config import NormConfig, PromptConfig, get_model_config
 from oxygen_ros.engine.engine import observation_to_inputs
-from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, EOS_ID, Tokenizer
+from oxygen_ros.engine.tokenizer import (
+    BUNDLED_TOKENIZER_PATH,
+    EOS_ID,
+    STATE_BINS_TOKENIZER_PATH,
+    Tokenizer,
+)
 from oxygen_ros.engine.types import Observation
 from oxygen_ros.nodes.image_conversion import resize_with_pad
 from oxygen_ros.sim import language, recorder, tasks
 from oxygen_ros.training import data
-from oxygen_ros.training.train import split_episodes
+from oxygen_ros.training.train import TrainConfig, split_episodes
 
 WORKCELL = get_model_config("workcell")
 
@@ -202,13 +207,23 @@ def test_object_state_is_the_joints_then_the_tracked_cubes_and_served_alike(
     assert text.endswith("Action: ") and len(numbers) == 14 + width
 
 
-@pytest.mark.parametrize("kind", ["positions", "poses"])
-def test_the_presets_prompt_budget_holds_the_longest_prompt(tokenizer, kind) -> None:
-    """The preset for an object state holds the longest instruction with every number of the
-    state at its most tokens, and not one number more (the budget is not padding)."""
+@pytest.mark.parametrize(
+    ("preset", "tokenizer_path"),
+    [
+        ("workcell_objects", BUNDLED_TOKENIZER_PATH),
+        ("workcell_poses", BUNDLED_TOKENIZER_PATH),
+        ("workcell_poses_bins", STATE_BINS_TOKENIZER_PATH),
+    ],
+)
+def test_the_presets_prompt_budget_holds_the_longest_prompt(preset, tokenizer_path) -> None:
+    """A preset sized for an object state holds the longest instruction with every number of
+    the state at its most tokens (with the tokenizer it is for), and not one number more (the
+    budget is not padding)."""
     from oxygen_ros.perception import workcell_cubes
 
-    config = get_model_config(data.OBJECT_STATE_PRESETS[kind])
+    tokenizer = Tokenizer(tokenizer_path)
+    config = get_model_config(preset)
+    kind = data.object_state_of(preset)
     width = 14 + len(workcell_cubes.object_state(kind).names)
     instructions = {tasks.sample_episode(seed).instruction for seed in range(500)}
     cost = {b: len(tokenizer.encode(f" {b}")) for b in range(prompts.NUM_STATE_BINS)}
@@ -224,3 +239,42 @@ def test_the_presets_prompt_budget_holds_the_longest_prompt(tokenizer, kind) -> 
         )
 
     assert length(width) <= config.max_token_len < length(width + 1)
+
+
+def test_training_samples_refuse_a_prompt_the_preset_would_cut(demos_dir, tokenizer) -> None:
+    """The engine cuts a prompt longer than the budget (as openpi does); training refuses it,
+    so a preset/tokenizer mismatch (the bins preset with the digit tokenizer) cannot train on
+    a state with its last numbers cut off. The same episodes with the bins tokenizer (the
+    control) build, every number in the prompt."""
+    config = get_model_config("workcell_poses_bins")
+    episodes = data.load_episodes(recorder.list_episodes(demos_dir), config, object_state="poses")
+    normalizer = Normalizer(data.compute_norm_stats(episodes, NormConfig()), NormConfig())
+    with pytest.raises(ValueError, match="prompt budget"):
+        data.build_samples(episodes, config, tokenizer, normalizer, PromptConfig())
+    bins = Tokenizer(STATE_BINS_TOKENIZER_PATH)
+    samples = data.build_samples(episodes, config, bins, normalizer, PromptConfig())
+    text = bins.decode([int(i) for i in samples.tokens[0][samples.token_mask[0]]])
+    assert text.endswith("Action: ") and len(text.split("State: ")[1].split(";")[0].split()) == 35
+    # The engine's serving path still cuts with a warning instead of failing a frame.
+    state = normalizer.normalize_state(episodes.state[0])
+    cut, mask = prompts.tokenize_action_prompt(
+        tokenizer, episodes.specs[0].instruction, state, config.max_token_len
+    )
+    assert mask.all() and len(cut) == config.max_token_len
+
+
+def test_a_checkpoints_preset_must_fit_its_object_state() -> None:
+    """The evaluation tools take the preset a checkpoint was trained with; by default the
+    object state's, and a preset sized for another state is refused."""
+    assert data.model_preset("", "poses") == "workcell_poses"
+    assert data.model_preset("workcell_poses_bins", "poses") == "workcell_poses_bins"
+    assert data.model_preset("", "") == "workcell"
+    with pytest.raises(ValueError, match="sized for"):
+        data.model_preset("workcell_poses_bins", "positions")
+    with pytest.raises(ValueError, match="sized for"):
+        data.model_preset("workcell", "poses")
+    # Training checks the same pairing.
+    TrainConfig("d", "o", preset="workcell_poses_bins", object_state="poses")
+    for preset, kind in (("workcell_poses_bins", "positions"), ("workcell", "poses")):
+        with pytest.raises(ValueError, match="needs one of the presets"):
+            TrainConfig("d", "o", preset=preset, object_state=kind)

@@ -330,6 +330,31 @@ def test_deadline_counts_from_when_the_recorded_data_is_loaded(
     assert fitted[0].time_budget_s == 570.0
 
 
+def test_the_train_command_takes_the_object_states_preset_unless_given(
+    tmp_path, monkeypatch
+) -> None:
+    """`--object-state poses` alone trains the poses' default preset; `--preset` picks another
+    sized for the same state (the state-bins one) and refuses one sized for another."""
+    configs: list[train.TrainConfig] = []
+
+    def fake_train(config, episodes):
+        configs.append(config)
+        keys = ("val_action_loss", "val_subtask_exact", "val_action_mae_rad", "train_wall_s")
+        return dict(step=config.steps, **dict.fromkeys(keys, 0.0))
+
+    monkeypatch.setattr(train, "train", fake_train)
+    argv = ["--data", str(tmp_path), "--out", str(tmp_path)]
+    for extra, preset in (
+        ([], "workcell"),
+        (["--object-state", "poses"], "workcell_poses"),
+        (["--object-state", "poses", "--preset", "workcell_poses_bins"], "workcell_poses_bins"),
+    ):
+        assert train.main([*argv, *extra]) == 0
+        assert configs[-1].preset == preset
+    with pytest.raises(ValueError, match="sized for"):
+        train.main([*argv, "--object-state", "positions", "--preset", "workcell_poses_bins"])
+
+
 def test_image_dropout_masks_every_camera_of_the_dropped_rows(demos_dir) -> None:
     config, samples = _workcell_samples(demos_dir)
     batch = train.to_batch(samples.take(np.array([0, 1, 2])), config.image_keys)

@@ -1,0 +1,152 @@
+"""Times one training step per workcell preset, in one process (not collected by pytest).
+
+What a step costs is set by the stream the model attends over: [prefix | language block |
+noisy actions], where the prefix is 36 image tokens per camera plus the preset's prompt
+budget. With openpi's `dummy` Gemma (width 64, 8 heads of 16) the attention over that stream,
+not the matrix products, takes most of a step on a CPU, so a shorter prompt budget pays
+about quadratically. This benchmark builds a `train.Trainer` per preset (the tokenizer the
+preset is sized for: `workcell_poses_bins` needs the state-bins tokenizer) and times
+`Trainer.step` on fixed random batches of the preset's shapes (image dropout 0.5, as the
+workcell runs train), the presets interleaved round by round so that a noisy machine slows
+them alike. Reports per preset the stream length, XLA's flop count for the compiled step,
+the median step time and its ratio to the first preset's.
+
+    python benchmarks/train_step.py [--presets workcell_poses,workcell_poses_bins]
+        [--batch-size 16] [--rounds 5] [--steps 4] [--out F]
+
+writes JSON (default benchmarks/results/train_step.json) and prints a table; the last line is
+`train_step <preset>=<s> ... ratio=<last / first>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from oxygen_ros.engine.config import get_model_config
+from oxygen_ros.engine.model import create_model
+from oxygen_ros.engine.tokenizer import (
+    BUNDLED_TOKENIZER_PATH,
+    STATE_BINS_TOKENIZER_PATH,
+    Tokenizer,
+)
+from oxygen_ros.training import data as _data
+from oxygen_ros.training import loss as _loss
+from oxygen_ros.training import train
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TOKENIZERS = {"workcell_poses_bins": STATE_BINS_TOKENIZER_PATH}  # default: the bundled one
+
+
+def random_batch(preset: str, batch_size: int, vocab: int, seed: int) -> _loss.Batch:
+    """A batch of the preset's shapes: random images, ids and actions, half the rows blind."""
+    config = get_model_config(preset)
+    rng = np.random.default_rng(seed)
+    size, block = batch_size, _data.LANGUAGE_BLOCK_LEN
+    h, w = config.image_resolution
+    rows = {
+        "images": {k: rng.integers(0, 256, (size, h, w, 3), np.uint8) for k in config.image_keys},
+        "tokens": rng.integers(1, vocab, (size, config.max_token_len), np.int32),
+        "token_mask": np.ones((size, config.max_token_len), bool),
+        "actions": rng.normal(size=(size, config.action_horizon, config.action_dim)).astype(
+            np.float32
+        ),
+        "lang_tokens": rng.integers(1, vocab, (size, block), np.int32),
+        "lang_mask": np.ones((size, block), bool),
+        "lang_segment": np.repeat(np.arange(3), block // 3 + 1)[None, :block].repeat(size, 0),
+        "lang_index": np.tile(np.arange(block) % (block // 3 + 1), (size, 1)),
+        "lang_labels": rng.integers(1, vocab, (size, block), np.int32),
+        "lang_loss_mask": np.ones((size, block), bool),
+    }
+    batch = train.to_batch(rows, config.image_keys)
+    return train.drop_images(batch, rng.random(size) >= 0.5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--presets", default="workcell_poses,workcell_poses_bins")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per preset")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per round")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/train_step.json"))
+    args = parser.parse_args(argv)
+    presets = [p for p in args.presets.split(",") if p]
+    trainers, batches, result = {}, {}, {}
+    for preset in presets:
+        config = get_model_config(preset)
+        tokenizer = Tokenizer(TOKENIZERS.get(preset, BUNDLED_TOKENIZER_PATH))
+        train_config = train.TrainConfig(
+            data_dir="-",
+            out_dir="-",
+            preset=preset,
+            object_state=_data.object_state_of(preset),
+            batch_size=args.batch_size,
+        )
+        trainer = train.Trainer(train_config, create_model(config, seed=0), tokenizer.vocab_size)
+        batches[preset] = [
+            random_batch(preset, args.batch_size, tokenizer.vocab_size, seed)
+            for seed in range(args.steps)
+        ]
+        started = time.perf_counter()
+        trainer.step(jax.random.key(0), batches[preset][0])
+        compile_s = time.perf_counter() - started
+        cost = trainer._fns.step.lower(
+            trainer.params, trainer.opt_state, jax.random.key(0), batches[preset][0]
+        )
+        analysis = cost.compile().cost_analysis()
+        analysis = analysis[0] if isinstance(analysis, list) else analysis
+        trainers[preset] = trainer
+        stream = config.prefix_len + _data.LANGUAGE_BLOCK_LEN + config.action_horizon
+        result[preset] = {
+            "prefix_len": config.prefix_len,
+            "stream_len": stream,
+            "gflop_per_step": float(analysis.get("flops", 0.0)) / 1e9,
+            "first_step_s": compile_s,
+            "step_s": [],
+        }
+    for _ in range(args.rounds):
+        for preset in presets:
+            trainer = trainers[preset]
+            started = time.perf_counter()
+            for i, batch in enumerate(batches[preset]):
+                metrics = trainer.step(jax.random.key(i + 1), batch)
+            jax.block_until_ready(jnp.asarray(metrics["loss"]))
+            result[preset]["step_s"].append((time.perf_counter() - started) / args.steps)
+    first = float(np.median(result[presets[0]]["step_s"]))
+    for preset in presets:
+        median = float(np.median(result[preset]["step_s"]))
+        result[preset]["median_step_s"] = median
+        result[preset]["ratio_to_first"] = median / first
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "batch_size": args.batch_size,
+        "rounds": args.rounds,
+        "steps_per_round": args.steps,
+        "jax": jax.__version__,
+        "devices": [str(d) for d in jax.devices()],
+        "presets": result,
+    }
+    out.write_text(json.dumps(summary, indent=1))
+    print("| preset | prefix | stream | GFLOP/step | median step (s) | ratio |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for preset in presets:
+        r = result[preset]
+        print(
+            f"| {preset} | {r['prefix_len']} | {r['stream_len']} | {r['gflop_per_step']:.2f} "
+            f"| {r['median_step_s']:.3f} | {r['ratio_to_first']:.2f} |"
+        )
+    times = " ".join(f"{p}={result[p]['median_step_s']:.3f}" for p in presets)
+    print(f"train_step {times} ratio={result[presets[-1]]['ratio_to_first']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
