@@ -10,8 +10,9 @@ It is trained like Gemma's tokenizer is configured: BPE, byte fallback (every st
 encodes, no unk), digits split, identity normalisation, no dummy prefix, whitespace kept, and
 PaliGemma's special ids pad=0, eos=1, bos=2, unk=3.
 
-With `--state-bins` it also gets one piece per discretised state value, "\u25810" ..
-"\u2581255" (user-defined pieces, matched longest first), written to
+With `--state-bins` it also gets one piece per discretised state value, "\u2581-1" (what
+openpi writes for a normalised value below -1) and "\u25810" .. "\u2581255" (user-defined
+pieces, matched longest first), written to
 `oxygen_state_bins_tokenizer.model`. The action prompt's text is unchanged (openpi's pi0.5
 format); only its tokens differ: every state number is one token instead of one per digit, so
 the i-th state value always sits at the same distance from the end of the prompt, whatever
@@ -35,7 +36,8 @@ OUTPUT = ASSETS / "oxygen_tiny_tokenizer.model"
 STATE_BINS_OUTPUT = ASSETS / "oxygen_state_bins_tokenizer.model"
 VOCAB_SIZE = 640
 NUM_STATE_BINS = 256  # engine/prompts.py: openpi's 256 state bins
-STATE_BIN_PIECES = tuple(f"\u2581{b}" for b in range(NUM_STATE_BINS))
+# -1 too: openpi's discretisation writes it for a normalised value below -1.
+STATE_BIN_PIECES = tuple(f"\u2581{b}" for b in range(-1, NUM_STATE_BINS))
 
 
 def build(
@@ -45,7 +47,7 @@ def build(
     state_bins: bool = False,
 ) -> None:
     """Trains the model from `corpus` and writes it to `output` (a .model file). With
-    `state_bins`, the 256 state-bin pieces come on top of `vocab_size`."""
+    `state_bins`, the 257 state-value pieces (-1 .. 255) come on top of `vocab_size`."""
     proto = _train(corpus, vocab_size, STATE_BIN_PIECES if state_bins else ())
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_bytes(proto)
@@ -93,7 +95,7 @@ def main() -> None:
     parser.add_argument("--output", type=pathlib.Path, default=None)
     parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
     parser.add_argument(
-        "--state-bins", action="store_true", help="add one piece per state bin (0 .. 255)"
+        "--state-bins", action="store_true", help="add one piece per state value (-1 .. 255)"
     )
     args = parser.parse_args()
     if args.output is None:

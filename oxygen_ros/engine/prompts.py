@@ -29,6 +29,9 @@ from oxygen_ros.engine.tokenizer import PAD_ID, Tokenizer
 logger = logging.getLogger("oxygen_ros.engine")
 
 NUM_STATE_BINS = 256
+# Every number `discretize_state` writes: -1 for a normalised value below -1 (openpi's
+# digitize; quantile normalisation puts about 1 % of each dimension there), then the bins.
+STATE_VALUES = tuple(range(-1, NUM_STATE_BINS))
 
 
 def discretize_state(state: np.ndarray) -> np.ndarray:

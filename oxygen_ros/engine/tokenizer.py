@@ -28,7 +28,7 @@ logger = logging.getLogger("oxygen_ros.engine")
 
 ASSETS_DIR = pathlib.Path(__file__).resolve().parent / "assets"
 BUNDLED_TOKENIZER_PATH = ASSETS_DIR / "oxygen_tiny_tokenizer.model"
-# The same corpus with one piece per state bin (" 0" .. " 255"): a training option
+# The same corpus with one piece per state value (" -1" .. " 255"): a training option
 # (`--tokenizer-path`); a checkpoint trained with it carries it as its own tokenizer.
 STATE_BINS_TOKENIZER_PATH = ASSETS_DIR / "oxygen_state_bins_tokenizer.model"
 TOKENIZER_FILE = "tokenizer.model"  # a checkpoint's own tokenizer, next to its norm stats

@@ -54,8 +54,8 @@ def test_build_script_reproduces_the_state_bins_model(tmp_path) -> None:
     script.build(REPO / "oxygen_ros/engine/assets/tokenizer_corpus.txt", output, state_bins=True)
     assert output.read_bytes() == STATE_BINS_TOKENIZER_PATH.read_bytes()
     tokenizer = Tokenizer(output)
-    assert tokenizer.vocab_size == script.VOCAB_SIZE + 256
-    for text in ["Stack the cubes.\nDone!", "déjà vu ✓ 日本 ", "  two  spaces\t", " 2560 007"]:
+    assert tokenizer.vocab_size == script.VOCAB_SIZE + 257  # -1 .. 255
+    for text in ["Stack the cubes.\nDone!", "déjà vu ✓ 日本 ", "  two  spaces\t", " 2560 007 -12"]:
         assert tokenizer.decode(tokenizer.encode(text)) == text
         assert 3 not in tokenizer.encode(text)
 
@@ -71,10 +71,13 @@ def _state_tail(tokenizer: Tokenizer, instruction: str, state: np.ndarray) -> li
 
 def test_state_bins_put_every_state_value_at_a_fixed_distance_from_the_prompt_end() -> None:
     """The prompt's text is openpi's either way; with the bins model each of the 35 values is
-    one token, so value i is always the same number of tokens before the end. Control: with
-    the bundled model (one token per digit) the same states give tails of other lengths."""
+    one token, so value i is always the same number of tokens before the end, also where a
+    value below -1 is written as -1. Control: with the bundled model (one token per digit)
+    the same states give tails of other lengths."""
     rng = np.random.default_rng(0)
     states = [rng.uniform(-1, 1, 35) for _ in range(3)] + [np.full(35, -1.0), np.full(35, 0.99)]
+    states += [rng.uniform(-1.3, 1.3, 35), np.full(35, -1.5)]  # -1 (below the range) and 255
+    assert (discretize_state(states[-1]) == -1).all()
     instructions = ["pick up the red cube", "move the blue cube to the right of the green cube"]
     bins, digits = Tokenizer(STATE_BINS_TOKENIZER_PATH), Tokenizer(BUNDLED_TOKENIZER_PATH)
     end = bins.encode(";\nAction: ")

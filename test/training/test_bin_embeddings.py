@@ -19,23 +19,23 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 def test_bin_ids_exist_only_when_every_bin_is_one_piece() -> None:
     tokenizer = Tokenizer(STATE_BINS_TOKENIZER_PATH)
     ids = bin_embeddings.bin_token_ids(tokenizer)
-    assert ids is not None and len(set(ids.tolist())) == 256
-    assert [tokenizer.decode([i]) for i in ids[[0, 7, 255]]] == [" 0", " 7", " 255"]
+    assert ids is not None and len(set(ids.tolist())) == 257
+    assert [tokenizer.decode([i]) for i in ids[[0, 1, 8, 256]]] == [" -1", " 0", " 7", " 255"]
     assert bin_embeddings.bin_token_ids(Tokenizer(BUNDLED_TOKENIZER_PATH)) is None
 
 
 def test_smooth_rows_keep_the_bins_order() -> None:
     rows = bin_embeddings.smooth_bin_rows(64, 0.08, seed=0)
-    assert rows.shape == (256, 64) and rows.dtype == np.float32
+    assert rows.shape == (257, 64) and rows.dtype == np.float32  # values -1 .. 255
     np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 0.08, rtol=1e-5)
     # Neighbours almost equal; the likeness falls with the distance between bins.
-    assert min(_cosine(rows[b], rows[b + 1]) for b in range(255)) > 0.95
+    assert min(_cosine(rows[b], rows[b + 1]) for b in range(256)) > 0.95
     for b in (20, 128, 230):
         near = [_cosine(rows[b], rows[b + d]) for d in (1, 4, 16)]
         assert near[0] > near[1] > near[2], near
     # A random table's rows have no such order (control for the check above).
-    random = np.random.default_rng(0).standard_normal((256, 64))
-    assert min(_cosine(random[b], random[b + 1]) for b in range(255)) < 0.5
+    random = np.random.default_rng(0).standard_normal((257, 64))
+    assert min(_cosine(random[b], random[b + 1]) for b in range(256)) < 0.5
     np.testing.assert_array_equal(rows, bin_embeddings.smooth_bin_rows(64, 0.08, seed=0))
     assert not np.array_equal(rows, bin_embeddings.smooth_bin_rows(64, 0.08, seed=1))
 
