@@ -3,14 +3,12 @@
 openpi's pi0.5 prompt writes the normalised state as 256-bin integers inside the text, and
 -1 for a value below the range (engine/prompts.py). With a tokenizer that has one piece per
 value ("\u2581-1" .. "\u2581255", scripts/build_tokenizer.py --state-bins) every state value
-is one token, but a randomly
-initialised embedding row says nothing about its bin's value: bin 128 starts as far from
-bin 129 as from bin 3, and the model would have to learn the order of 256 rows from the
-actions alone. `smooth_bin_rows` starts them in order instead: row b is a fixed random
-orthonormal projection of multi-scale Fourier features of b / 255 (-1: just below bin 0;
-neighbouring bins almost
-equal, distant bins apart), scaled to the table's own row norm. It only sets where training
-starts; the rows are trained like every other.
+is one token, but a randomly initialised embedding row says nothing about its value: bin 128
+starts as far from bin 129 as from bin 3, and the model would have to learn the order of 257
+rows from the actions alone. `smooth_bin_rows` starts them in order instead: row b is a fixed
+random orthonormal projection of multi-scale Fourier features of b / 255 (-1 just below bin
+0; neighbouring values almost equal, distant ones apart), scaled to the table's own row norm.
+It only sets where training starts; the rows are trained like every other.
 
 Invariants:
 - Only the 257 rows of the state values change; every other row keeps its value.
