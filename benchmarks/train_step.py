@@ -27,7 +27,6 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from oxygen_ros.engine.config import get_model_config
@@ -116,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             trainer = trainers[preset]
             started = time.perf_counter()
             for i, batch in enumerate(batches[preset]):
-                metrics = trainer.step(jax.random.key(i + 1), batch)
-            jax.block_until_ready(jnp.asarray(metrics["loss"]))
+                trainer.step(jax.random.key(i + 1), batch)  # returns floats: waits for the step
             result[preset]["step_s"].append((time.perf_counter() - started) / args.steps)
     first = float(np.median(result[presets[0]]["step_s"]))
     for preset in presets:

@@ -67,12 +67,12 @@ def tokenize_action_prompt(
     A prompt longer than `max_len` is cut (with a warning, as openpi does) or, with
     `truncate=False`, refused with a ValueError (training must not learn from a cut state)."""
     ids = tokenizer.encode(format_action_prompt(instruction, state), add_bos=True)
-    if len(ids) > max_len and not truncate:
-        raise ValueError(
-            f"prompt has {len(ids)} tokens, more than max_token_len={max_len}: the preset's "
-            "prompt budget does not hold this instruction and state with this tokenizer"
-        )
     if len(ids) > max_len:
+        if not truncate:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens, more than max_token_len={max_len}: the preset's "
+                "prompt budget does not hold this instruction and state with this tokenizer"
+            )
         logger.warning(
             "prompt has %d tokens, more than max_token_len=%d; truncating (as openpi does)",
             len(ids),
