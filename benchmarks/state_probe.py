@@ -7,6 +7,8 @@ one observation, and serves it through the engine several times with the same ac
 and the same images, changing only numbers in the state:
 - each of the acting arm's six joints + `--joint-shift-rad`;
 - the named cube's x + `--cube-shift-m` (with `--object-state`).
+With `--object-state reach` each shifted state's hand-to-cube offsets are computed again from
+its joints and cubes (`workcell_cubes.reach_offsets`), as perception would report them.
 With `--no-images` every camera is masked out (for checkpoints trained with image dropout).
 
 It reports how much the chunk's last row changes *in the model's own action space* (the delta
@@ -54,6 +56,18 @@ def model_space(chunk: np.ndarray, state: np.ndarray, mask: tuple[bool, ...]) ->
     return out
 
 
+def perceived(state: np.ndarray, object_state: str) -> np.ndarray:
+    """`state` as perception would report it: with `reach`, the hand-to-cube offsets follow
+    the (shifted) joints and cube poses; other states are returned unchanged."""
+    if object_state != "reach":
+        return state
+    joints, poses = state[: robot.NUM_JOINTS], state[robot.NUM_JOINTS :]
+    width = len(workcell_cubes.POSE_STATE_NAMES)
+    out = state.copy()
+    out[robot.NUM_JOINTS + width :] = workcell_cubes.reach_offsets(poses[:width], joints)
+    return out
+
+
 def on_path_observation(workcell: Workcell, spec, config: RolloutConfig, at_s: float):
     """The observation after the expert's plan ran `at_s` seconds from the episode's start."""
     expert = ExpertPolicy(config)
@@ -98,7 +112,7 @@ def probe_one(engine: Engine, observation, spec, args) -> dict:
     for j in range(ARM_JOINTS):
         state = np.asarray(observation.state, np.float64).copy()
         state[first + j] += args.joint_shift_rad
-        out, tokens = serve(state)
+        out, tokens = serve(perceived(state, args.object_state))
         change = out[-1, first + j] - base[-1, first + j]
         joints.append(
             {
@@ -113,7 +127,7 @@ def probe_one(engine: Engine, observation, spec, args) -> dict:
         index = robot.NUM_JOINTS + list(names).index(f"{spec.colour}_cube.x")
         state = np.asarray(observation.state, np.float64).copy()
         state[index] += args.cube_shift_m
-        out, tokens = serve(state)
+        out, tokens = serve(perceived(state, args.object_state))
         arm = slice(first, first + ARM_JOINTS)
         result["cube"] = {
             "largest_change_rad": float(np.abs(out[-1, arm] - base[-1, arm]).max()),

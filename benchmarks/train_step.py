@@ -31,17 +31,12 @@ import numpy as np
 
 from oxygen_ros.engine.config import get_model_config
 from oxygen_ros.engine.model import create_model
-from oxygen_ros.engine.tokenizer import (
-    BUNDLED_TOKENIZER_PATH,
-    STATE_BINS_TOKENIZER_PATH,
-    Tokenizer,
-)
+from oxygen_ros.engine.tokenizer import Tokenizer
 from oxygen_ros.training import data as _data
 from oxygen_ros.training import loss as _loss
 from oxygen_ros.training import train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TOKENIZERS = {"workcell_poses_bins": STATE_BINS_TOKENIZER_PATH}  # default: the bundled one
 
 
 def random_batch(preset: str, batch_size: int, vocab: int, seed: int) -> _loss.Batch:
@@ -80,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     trainers, batches, result = {}, {}, {}
     for preset in presets:
         config = get_model_config(preset)
-        tokenizer = Tokenizer(TOKENIZERS.get(preset, BUNDLED_TOKENIZER_PATH))
+        tokenizer = Tokenizer(_data.preset_tokenizer(preset))
         train_config = train.TrainConfig(
             data_dir="-",
             out_dir="-",

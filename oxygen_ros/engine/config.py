@@ -17,6 +17,9 @@ Presets (`get_model_config(name)`):
   the cubes' poses (`perception/workcell_cubes.POSE_STATE_NAMES`, 21 numbers; prefix 272).
 - `workcell_poses_bins`: the same state for the tokenizer with one piece per state bin
   (`tokenizer.STATE_BINS_TOKENIZER_PATH`): a 56-token prompt budget, prefix 164 tokens.
+- `workcell_reach_bins`: the poses and each cube's offset from each hand
+  (`workcell_cubes.REACH_STATE_NAMES`, 39 numbers) for the same tokenizer: a 74-token prompt
+  budget, prefix 182 tokens.
 
 Invariants:
 - Every config is a frozen, hashable dataclass; compiled model functions are cached per
@@ -44,6 +47,7 @@ PRESET_NAMES = (
     "workcell_objects",
     "workcell_poses",
     "workcell_poses_bins",
+    "workcell_reach_bins",
     "pi05",
 )
 PI05_IMAGE_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
@@ -93,6 +97,12 @@ def get_model_config(name: str) -> ModelConfig:
             vision_variant="mu/14",
             dtype="float32",
             param_dtype="float32",
+        )
+    if name == "workcell_reach_bins":
+        # 14 joints + 39 numbers (the poses and each cube's offset from each hand), one token
+        # each with the state-bins tokenizer: 74 tokens with the longest instruction.
+        return dataclasses.replace(
+            get_model_config("workcell"), name="workcell_reach_bins", max_token_len=74
         )
     if name == "workcell_poses_bins":
         # workcell_poses for a tokenizer with one piece per state bin

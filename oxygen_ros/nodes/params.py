@@ -372,7 +372,7 @@ MODEL_SHARED: tuple[ParamSpec, ...] = (
     ),
 )
 
-CUBE_STATES = ("positions", "poses")  # perception's `cube_state`
+CUBE_STATES = ("positions", "poses", "reach")  # perception's `cube_state`
 PERCEPTION: tuple[ParamSpec, ...] = (
     *MODEL_SHARED,
     ParamSpec(
@@ -448,7 +448,9 @@ PERCEPTION: tuple[ParamSpec, ...] = (
         "positions",
         "with cube_state_camera: 'positions' (x, y per cube) or 'poses' (x, y, z, sin and cos "
         "of 4 x yaw, moved x, y per cube; a cube in a gripper follows the hand's forward "
-        "kinematics; needs the workcell's 14 joints in joint_names)",
+        "kinematics; needs the workcell's 14 joints in joint_names) or 'reach' (the poses, "
+        "then per cube and arm sign(d) * sqrt(|d|) of the cube's centre minus the pinch point "
+        "in metres; the same joints)",
         "str",
         check=one_of(*CUBE_STATES),
     ),

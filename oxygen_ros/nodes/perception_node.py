@@ -31,7 +31,8 @@ Invariants:
   last positions (`cube_state.unseen`). Their velocities are NaN (not measured). With
   `cube_state: poses` they are the cubes' poses instead (`POSE_STATE_NAMES`,
   `workcell_cubes.CubePoseState`: whole views, and a cube held in a gripper follows the
-  hand's forward kinematics of the frame's joints).
+  hand's forward kinematics of the frame's joints); with `cube_state: reach` the poses and each
+  cube's offset from each hand (`REACH_STATE_NAMES`, `workcell_cubes.CubeReachState`).
 """
 
 from __future__ import annotations
@@ -117,11 +118,9 @@ class PerceptionNode(Node):
         if self._cube_camera is not None:
             from oxygen_ros.perception import workcell_cubes  # MuJoCo: only if used
 
-            if p["cube_state"] == "poses":
-                self._cube_joints = self._workcell_joint_columns(p["joint_names"])
-                self._cube_state = workcell_cubes.CubePoseState()
-            else:
-                self._cube_state = workcell_cubes.CubeState()
+            if p["cube_state"] != "positions":  # poses, reach: the joints are read too
+                self._cube_joints = self._workcell_joint_columns(p["joint_names"], p["cube_state"])
+            self._cube_state = workcell_cubes.object_state(p["cube_state"])
         self._out_size = get_model_config(p["model_preset"]).image_resolution  # (rows, cols)
         self._converted: dict[str, tuple[float, np.ndarray]] = {}  # camera -> (stamp, image)
         self.counters: collections.Counter[str] = collections.Counter()
@@ -162,14 +161,14 @@ class PerceptionNode(Node):
         )
 
     @staticmethod
-    def _workcell_joint_columns(joint_names: Sequence[str]) -> np.ndarray:
+    def _workcell_joint_columns(joint_names: Sequence[str], kind: str) -> np.ndarray:
         """Where each of the workcell's joints (`robot.JOINT_NAMES`) is in `joint_names`."""
         from oxygen_ros.sim import robot
 
         missing = [n for n in robot.JOINT_NAMES if n not in joint_names]
         if missing:
             raise P.ParameterError(
-                f"cube_state poses needs the workcell's joints in joint_names; missing {missing}"
+                f"cube_state {kind} needs the workcell's joints in joint_names; missing {missing}"
             )
         return np.array([list(joint_names).index(n) for n in robot.JOINT_NAMES])
 

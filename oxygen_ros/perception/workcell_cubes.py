@@ -36,6 +36,12 @@ POSE_FIELDS = ("x", "y", "z", "sin4yaw", "cos4yaw", "moved_x", "moved_y")
 POSE_STATE_NAMES: tuple[str, ...] = tuple(
     f"{name}.{field}" for name in CUBE_NAMES for field in POSE_FIELDS
 )
+# `CubeReachState`: the poses, then per cube and arm where the cube's centre is from the arm's
+# pinch point (signed square root of the metres: finer near the cube, where grasps are decided)
+REACH_FIELDS = ("dx", "dy", "dz")
+REACH_STATE_NAMES: tuple[str, ...] = POSE_STATE_NAMES + tuple(
+    f"{name}.{arm}.{field}" for name in CUBE_NAMES for arm in robot.ARMS for field in REACH_FIELDS
+)
 TABLE_CENTRE_XY = tuple(float(np.mean(r)) for r in tasks.TABLE_REGION)
 
 
@@ -101,8 +107,9 @@ def episode_cube_states(top_images: np.ndarray) -> np.ndarray:
     return np.stack([cubes.update(image) for image in top_images]).astype(np.float32)
 
 
-# What follows the joints in the state: nothing, the cubes' positions or their poses.
-OBJECT_STATES = ("", "positions", "poses")
+# What follows the joints in the state: nothing, the cubes' positions, their poses, or their
+# poses and where each is from each hand.
+OBJECT_STATES = ("", "positions", "poses", "reach")
 
 
 def object_state(kind: str) -> CubeState | CubePoseState | None:
@@ -113,17 +120,21 @@ def object_state(kind: str) -> CubeState | CubePoseState | None:
         return CubeState()
     if kind == "poses":
         return CubePoseState()
+    if kind == "reach":
+        return CubeReachState()
     return None
 
 
 def episode_object_states(kind: str, top_images: np.ndarray, joints: np.ndarray) -> np.ndarray:
-    """[T, K] float32: the object part ("positions" or "poses") of one episode's states, from
-    its recorded top-camera frames [T, H, W, 3] and measured joints [T, 14]."""
+    """[T, K] float32: the object part ("positions", "poses" or "reach") of one episode's
+    states, from its recorded top-camera frames [T, H, W, 3] and measured joints [T, 14]."""
     if kind == "poses":
         return episode_cube_pose_states(top_images, joints)
+    if kind == "reach":
+        return episode_cube_pose_states(top_images, joints, CubeReachState())
     if kind == "positions":
         return episode_cube_states(top_images)
-    raise ValueError(f"object state must be positions or poses, got {kind!r}")
+    raise ValueError(f"object state must be positions, poses or reach, got {kind!r}")
 
 
 class CubeState:
@@ -185,10 +196,36 @@ class CubePoseState:
         return np.asarray(rows, np.float32).reshape(-1)
 
 
-def episode_cube_pose_states(top_images: np.ndarray, joints: np.ndarray) -> np.ndarray:
-    """[T, len(POSE_STATE_NAMES)] float32: `CubePoseState` over one episode's top-camera frames
-    [T, H, W, 3] and measured joints [T, 14], in order, from a fresh state."""
+class CubeReachState(CubePoseState):
+    """`CubePoseState`, then per cube (`CUBE_NAMES` order) and arm (`robot.ARMS` order) the
+    cube's centre minus the arm's pinch point (forward kinematics of the measured joints), each
+    axis as sign(d) * sqrt(|d| in metres): `REACH_STATE_NAMES`. The hand-to-cube error the
+    reactive expert's law reads (docs/TRAINING.md run 16: an MLP acted only once it was given
+    it) is then in the state instead of left to the policy's own kinematics."""
+
+    names = REACH_STATE_NAMES
+
+    def update(self, image: np.ndarray | None, joints: np.ndarray) -> np.ndarray:
+        poses = super().update(image, joints)
+        return np.concatenate([poses, reach_offsets(poses, joints)])
+
+
+def reach_offsets(poses: np.ndarray, joints: np.ndarray) -> np.ndarray:
+    """[len(REACH_STATE_NAMES) - len(POSE_STATE_NAMES)] float32: the reach part of
+    `CubeReachState` from the pose part (`POSE_STATE_NAMES`) and the 14 measured joints."""
+    rows = np.asarray(poses, np.float64).reshape(len(CUBE_NAMES), len(POSE_FIELDS))
+    q = np.asarray(joints, np.float64)
+    pinches = np.stack([hands()[arm](q)[1] for arm in robot.ARMS])  # [arms, 3]
+    d = rows[:, None, :3] - pinches[None, :, :]  # [cubes, arms, 3]
+    return (np.sign(d) * np.sqrt(np.abs(d))).reshape(-1).astype(np.float32)
+
+
+def episode_cube_pose_states(
+    top_images: np.ndarray, joints: np.ndarray, cubes: CubePoseState | None = None
+) -> np.ndarray:
+    """[T, len(cubes.names)] float32: `cubes` (a fresh `CubePoseState` by default) over one
+    episode's top-camera frames [T, H, W, 3] and measured joints [T, 14], in order."""
     if len(top_images) != len(joints):
         raise ValueError(f"{len(top_images)} images but {len(joints)} joint rows")
-    cubes = CubePoseState()
+    cubes = cubes or CubePoseState()
     return np.stack([cubes.update(i, q) for i, q in zip(top_images, joints, strict=True)])

@@ -40,7 +40,12 @@ from openpi_client import image_tools
 from oxygen_ros.engine import prompts
 from oxygen_ros.engine.checkpoint import Normalizer
 from oxygen_ros.engine.config import ModelConfig, NormConfig, PromptConfig
-from oxygen_ros.engine.tokenizer import EOS_ID, Tokenizer
+from oxygen_ros.engine.tokenizer import (
+    BUNDLED_TOKENIZER_PATH,
+    EOS_ID,
+    STATE_BINS_TOKENIZER_PATH,
+    Tokenizer,
+)
 from oxygen_ros.engine.types import Observation, RequestKind
 from oxygen_ros.perception import workcell_cubes
 from oxygen_ros.sim import language, recorder, robot, tasks
@@ -61,14 +66,32 @@ LANGUAGE_KINDS = (RequestKind.SUBTASK, RequestKind.NARRATION, RequestKind.MEMORY
 # absolute (robot.JOINT_NAMES: left arm, left gripper, right arm, right gripper).
 DELTA_ACTION_MASK = _transforms.make_bool_mask(6, -1, 6, -1)
 # The preset whose prompt budget holds each object state (`workcell_cubes.OBJECT_STATES`)
-# with the bundled tokenizer: the default for that state.
-OBJECT_STATE_PRESETS = {"": "workcell", "positions": "workcell_objects", "poses": "workcell_poses"}
+# with the bundled tokenizer (reach: with the state-bins tokenizer, the only one it is sized
+# for): the default for that state.
+OBJECT_STATE_PRESETS = {
+    "": "workcell",
+    "positions": "workcell_objects",
+    "poses": "workcell_poses",
+    "reach": "workcell_reach_bins",
+}
 # Every workcell preset and the object state its prompt budget was sized for
 # (workcell_poses_bins: the poses at one token per number, tokenizer.STATE_BINS_TOKENIZER_PATH).
 PRESET_OBJECT_STATES = {
     **{preset: kind for kind, preset in OBJECT_STATE_PRESETS.items()},
     "workcell_poses_bins": "poses",
 }
+# The tokenizer each preset's prompt budget was sized with (every other preset: the bundled one).
+PRESET_TOKENIZERS = {
+    "workcell_poses_bins": STATE_BINS_TOKENIZER_PATH,
+    "workcell_reach_bins": STATE_BINS_TOKENIZER_PATH,
+}
+
+
+def preset_tokenizer(preset: str) -> os.PathLike:
+    """The tokenizer `preset`'s prompt budget holds the longest prompt with."""
+    return PRESET_TOKENIZERS.get(preset, BUNDLED_TOKENIZER_PATH)
+
+
 LANGUAGE_BLOCK_LEN = 48  # packed tails + targets of the three kinds (longest: 43)
 
 
@@ -377,13 +400,14 @@ def model_preset(preset: str, object_state: str) -> str:
 
 
 def add_object_state_argument(parser: argparse.ArgumentParser) -> None:
-    """`--object-state [positions|poses]` (alone: positions; absent: none) and `--preset`
+    """`--object-state [positions|poses|reach]` (alone: positions; absent: none) and `--preset`
     (the checkpoint's model preset; empty: the object state's default, see `model_preset`)."""
     parser.add_argument(
         "--preset",
         default="",
         help="the model preset the checkpoint was trained with (default: the object "
-        "state's, data.OBJECT_STATE_PRESETS; workcell_poses_bins for the state-bins tokenizer)",
+        "state's, data.OBJECT_STATE_PRESETS; workcell_poses_bins for poses with the state-bins "
+        "tokenizer)",
     )
     parser.add_argument(
         "--object-state",
@@ -392,5 +416,6 @@ def add_object_state_argument(parser: argparse.ArgumentParser) -> None:
         default="",
         choices=[kind for kind in workcell_cubes.OBJECT_STATES if kind],
         help="what follows the joints in the state: the cubes' positions (the default when "
-        "given alone) or poses (preset: data.OBJECT_STATE_PRESETS)",
+        "given alone), poses, or poses and each cube's offset from each hand (reach; preset: "
+        "data.OBJECT_STATE_PRESETS)",
     )

@@ -11,9 +11,10 @@ first). Steps, on 2 CPU cores:
    With `--state-dropout p`, a fraction p of the samples in each batch carry their episode's
    first (home) joint state in the prompt instead of their own (training/data.py), so the arm
    that acts must be read from the instruction and the images, as on a first frame.
-   With a tokenizer that has one piece per state bin (`--tokenizer-path` of
-   engine/tokenizer.STATE_BINS_TOKENIZER_PATH), those 256 embedding rows start in the bins'
-   order (training/bin_embeddings.py) unless training resumes from a checkpoint.
+   With a tokenizer that has one piece per state bin (engine/tokenizer.
+   STATE_BINS_TOKENIZER_PATH: the default `--tokenizer-path` of the presets sized for it,
+   data.PRESET_TOKENIZERS), those value rows start in the bins' order
+   (training/bin_embeddings.py) unless training resumes from a checkpoint.
 4. Every `--eval-every` steps, on held-out samples: action loss, teacher-forced exact-match
    accuracy of each language kind, and the error of denoised actions (engine `prefill` +
    `denoise`, fixed noise) in radians; on the first frame of every held-out episode (robot at
@@ -64,7 +65,7 @@ from oxygen_ros.engine.config import (
     get_model_config,
 )
 from oxygen_ros.engine.model import Pi05Model, abstract_model, create_model
-from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, TOKENIZER_FILE, Tokenizer
+from oxygen_ros.engine.tokenizer import TOKENIZER_FILE, Tokenizer
 from oxygen_ros.engine.types import RequestKind
 from oxygen_ros.sim import recorder, robot
 from oxygen_ros.training import bin_embeddings, fresh_demos
@@ -95,7 +96,7 @@ class TrainConfig:
     eval_samples: int = 256
     seed: int = 0
     assets_id: str = "workcell"
-    tokenizer_path: str = str(BUNDLED_TOKENIZER_PATH)
+    tokenizer_path: str = ""  # "" = the one the preset is sized for (data.preset_tokenizer)
     init_from: str = ""  # checkpoint to start from ("" = random init from `seed`)
     early_steps: int = 0  # the first early_steps steps of each episode are drawn ...
     early_weight: float = 1.0  # ... this many times as often (the arm is still at home there)
@@ -107,6 +108,8 @@ class TrainConfig:
     time_budget_s: float = 0.0  # > 0: end (evaluate, save) once training has run this long
 
     def __post_init__(self) -> None:
+        if not self.tokenizer_path:
+            object.__setattr__(self, "tokenizer_path", str(_data.preset_tokenizer(self.preset)))
         if self.steps < 2 or self.batch_size < 1 or self.eval_every < 1:
             raise ValueError("need steps >= 2, batch_size >= 1 and eval_every >= 1")
         if self.heldout < 1 or self.eval_samples < 1:

@@ -156,11 +156,15 @@ def test_frames_carry_the_detected_cubes_and_hold_them_while_unseen(
         cell.close()
 
 
-def test_cube_poses_follow_a_gripper_that_holds_the_cube(launcher, ros_node, tmp_path) -> None:
+@pytest.mark.parametrize("kind", ["poses", "reach"])
+def test_cube_poses_follow_a_gripper_that_holds_the_cube(
+    launcher, ros_node, tmp_path, kind
+) -> None:
     """`cube_state: poses`: the frames carry each cube's pose; with the joint state putting a
     pinch point at a cube and its gripper stopped on it, that cube is at the pinch point (its
     height the pinch's: the joints reach the perception); let go, it is seen on the table
-    again."""
+    again. `reach` adds each cube's offset from each hand: the held cube's from its hand is
+    zero, where it was more than 5 cm with the arm at home."""
     from oxygen_ros.sim.expert import DOWN, ScriptedExpert
     from oxygen_ros.sim.kinematics import ArmKinematics, gripper_rotation
 
@@ -168,12 +172,12 @@ def test_cube_poses_follow_a_gripper_that_holds_the_cube(launcher, ros_node, tmp
     # node with all 14 (below) is the positive control.
     bad = tmp_path / "bad.yaml"
     left = ", ".join(robot.JOINT_NAMES[: robot.JOINTS_PER_ARM])
-    bad.write_text(OVERRIDES + f"    cube_state: poses\n    joint_names: [{left}]\n")
+    bad.write_text(OVERRIDES + f"    cube_state: {kind}\n    joint_names: [{left}]\n")
     refused = start_perception(launcher, bad)
     wait_for(lambda: not refused.alive(), 60, "perception to refuse joint_names without an arm")
     assert "needs the workcell's joints in joint_names" in refused.log(), refused.log()
     override = tmp_path / "override.yaml"
-    override.write_text(OVERRIDES + "    cube_state: poses\n")
+    override.write_text(OVERRIDES + f"    cube_state: {kind}\n")
     cell = Workcell(WorkcellConfig())
     sensors = WorkcellSensors(ros_node)
     width = len(workcell_cubes.POSE_FIELDS)
@@ -184,11 +188,18 @@ def test_cube_poses_follow_a_gripper_that_holds_the_cube(launcher, ros_node, tmp
         proc = start_perception(launcher, override)
         wait_for(lambda: frames or not proc.alive(), 60, "a first observation frame")
         assert proc.alive(), proc.log()
-        names = [*robot.JOINT_NAMES, *workcell_cubes.POSE_STATE_NAMES]
+        names = [*robot.JOINT_NAMES, *workcell_cubes.object_state(kind).names]
         assert list(frames[-1].joint_names) == names
+        pose_width = len(workcell_cubes.POSE_STATE_NAMES)
 
         def poses() -> np.ndarray:
-            return cubes_of(frames[-1]).reshape(-1, width)
+            return cubes_of(frames[-1])[:pose_width].reshape(-1, width)
+
+        def hand_offset(cube: int, arm: str) -> float:
+            """The cube's distance from the arm's pinch point in the reach block (m)."""
+            reach = cubes_of(frames[-1])[pose_width:].reshape(-1, len(robot.ARMS), 3)
+            r = reach[cube, robot.ARMS.index(arm)].astype(np.float64)
+            return float(np.linalg.norm(np.sign(r) * r**2))
 
         on_table = np.array([[*spec.objects[n][:2], 0.02] for n in workcell_cubes.CUBE_NAMES])
         wait_for(
@@ -198,6 +209,8 @@ def test_cube_poses_follow_a_gripper_that_holds_the_cube(launcher, ros_node, tmp
         )
         # The episode's arm with its pinch point at the target cube, the gripper stopped on it.
         k = workcell_cubes.CUBE_NAMES.index(spec.target)
+        if kind == "reach":
+            assert hand_offset(k, spec.arm) > 0.05
         kin = ArmKinematics(cell.model, spec.arm)
         cell.reset(robot.HOME, spec.objects)
         axis = ScriptedExpert.finger_axis(kin, cell.object_pose(spec.target))
@@ -219,6 +232,8 @@ def test_cube_poses_follow_a_gripper_that_holds_the_cube(launcher, ros_node, tmp
                 f"{np.asarray(frames[-1].joint_positions[:14]).round(3)})"
             ),
         )
+        if kind == "reach":
+            assert hand_offset(k, spec.arm) < 1e-4
         # The arm back home, its gripper closed on nothing: let go, and the next whole view
         # puts the cube on the table (the positive control of the same check).
         sensors.show(cell, spec.objects)

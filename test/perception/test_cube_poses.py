@@ -194,3 +194,41 @@ def test_pose_state_lays_out_each_cubes_pose(cell) -> None:
     np.testing.assert_array_equal(state.update(None, joints), second.reshape(-1))
     with pytest.raises(ValueError, match="joint rows"):
         workcell_cubes.episode_cube_pose_states(np.zeros((2, 4, 4, 3), np.uint8), joints[None])
+
+
+def test_reach_state_is_each_cube_from_each_pinch_site(cell) -> None:
+    """`CubeReachState`: the pose state, then per cube and arm sign(d) * sqrt(|d|) of the
+    cube's centre minus the simulator's pinch site, for random joints; a cube moved by 3 cm
+    moves only its own offsets, by 3 cm once squared back."""
+    rng = np.random.default_rng(1)
+    spec = tasks.sample_episode(0)
+    names = workcell_cubes.REACH_STATE_NAMES
+    width = len(workcell_cubes.POSE_STATE_NAMES)
+    assert names[:width] == workcell_cubes.POSE_STATE_NAMES
+    arms, fields = len(robot.ARMS), len(workcell_cubes.REACH_FIELDS)
+    assert len(names) == width + len(workcell_cubes.CUBE_NAMES) * arms * fields
+    for _ in range(3):
+        joints = robot.HOME + rng.uniform(-0.3, 0.3, robot.NUM_JOINTS)
+        cell.reset(joints, spec.objects)
+        measured = cell.joint_positions()
+        image = cell.render(workcell_cubes.CAMERA)
+        state = workcell_cubes.CubeReachState().update(image, measured)
+        poses = workcell_cubes.CubePoseState().update(image, measured)
+        np.testing.assert_array_equal(state[:width], poses)
+        reach = state[width:].reshape(len(workcell_cubes.CUBE_NAMES), arms, fields)
+        offsets = np.sign(reach) * reach.astype(np.float64) ** 2
+        for k, name in enumerate(workcell_cubes.CUBE_NAMES):
+            centre = poses.reshape(-1, len(workcell_cubes.POSE_FIELDS))[k, :3]
+            assert names[width + k * arms * fields] == f"{name}.{robot.ARMS[0]}.dx"
+            for a, arm in enumerate(robot.ARMS):
+                site = cell.data.site(f"{arm}_pinch").xpos
+                np.testing.assert_allclose(offsets[k, a], centre - site, atol=1e-6)
+        shifted = poses.copy()
+        k = workcell_cubes.CUBE_NAMES.index(spec.target)
+        shifted[k * len(workcell_cubes.POSE_FIELDS)] += 0.03
+        moved = workcell_cubes.reach_offsets(shifted, measured).reshape(reach.shape)
+        moved_offsets = np.sign(moved) * moved.astype(np.float64) ** 2
+        change = moved_offsets - offsets
+        np.testing.assert_allclose(change[k, :, 0], 0.03, atol=1e-6)
+        change[k, :, 0] = 0.0
+        np.testing.assert_allclose(change, 0.0, atol=1e-6)

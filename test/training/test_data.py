@@ -213,6 +213,7 @@ def test_object_state_is_the_joints_then_the_tracked_cubes_and_served_alike(
         ("workcell_objects", BUNDLED_TOKENIZER_PATH),
         ("workcell_poses", BUNDLED_TOKENIZER_PATH),
         ("workcell_poses_bins", STATE_BINS_TOKENIZER_PATH),
+        ("workcell_reach_bins", STATE_BINS_TOKENIZER_PATH),
     ],
 )
 def test_the_presets_prompt_budget_holds_the_longest_prompt(preset, tokenizer_path) -> None:
@@ -273,8 +274,14 @@ def test_a_checkpoints_preset_must_fit_its_object_state() -> None:
         data.model_preset("workcell_poses_bins", "positions")
     with pytest.raises(ValueError, match="sized for"):
         data.model_preset("workcell", "poses")
-    # Training checks the same pairing.
-    TrainConfig("d", "o", preset="workcell_poses_bins", object_state="poses")
+    assert data.model_preset("", "reach") == "workcell_reach_bins"
+    # Training checks the same pairing, and takes the tokenizer the preset is sized for
+    # unless told otherwise.
+    config = TrainConfig("d", "o", preset="workcell_poses_bins", object_state="poses")
+    assert config.tokenizer_path == str(STATE_BINS_TOKENIZER_PATH)
+    assert TrainConfig("d", "o").tokenizer_path == str(BUNDLED_TOKENIZER_PATH)
+    named = TrainConfig("d", "o", preset="workcell_poses_bins", tokenizer_path="x.model")
+    assert named.tokenizer_path == "x.model"
     for preset, kind in (("workcell_poses_bins", "positions"), ("workcell", "poses")):
         with pytest.raises(ValueError, match="needs one of the presets"):
             TrainConfig("d", "o", preset=preset, object_state=kind)
