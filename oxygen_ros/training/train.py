@@ -604,16 +604,18 @@ def plot_curves(records: list[dict], path: pathlib.Path) -> None:
     plt.close(fig)
 
 
-def load_split(config: TrainConfig) -> tuple[_data.Episodes, _data.Episodes]:
-    """(train, held-out) episodes of `config.data_dir` (held-out: the highest seeds)."""
+def load_split(config: TrainConfig, workers: int = 1) -> tuple[_data.Episodes, _data.Episodes]:
+    """(train, held-out) episodes of `config.data_dir` (held-out: the highest seeds), each
+    read by `workers` processes."""
     model_config = get_model_config(config.preset)
     paths = [p for d in config.data_dir.split(",") for p in recorder.list_episodes(d)]
     train_paths, heldout_paths = split_episodes(paths, config.heldout)
-    train_eps = _data.load_episodes(train_paths, model_config, object_state=config.object_state)
-    heldout_eps = _data.load_episodes(
-        heldout_paths, model_config, object_state=config.object_state
+    return tuple(
+        _data.load_episodes_parallel(
+            part, model_config, object_state=config.object_state, workers=workers
+        )
+        for part in (train_paths, heldout_paths)
     )
-    return train_eps, heldout_eps
 
 
 def train(
@@ -809,7 +811,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="START:COUNT",
         help="with --generate: the held-out episodes' seeds (--heldout is then ignored)",
     )
-    parser.add_argument("--workers", type=int, default=1, help="with --generate: worker processes")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes that generate (--generate) or read (--data) the episodes",
+    )
     parser.add_argument(
         "--deadline-unix",
         type=float,
@@ -859,10 +866,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         episodes = (split[0], split[1])
     if deadline > 0 and step_time > 0:
         if episodes is None:  # the time left counts from when the data is ready
-            episodes = load_split(config)
+            episodes = load_split(config, workers)
         left = deadline - time.time()
         config = fit_to_deadline(config, left, step_time)
         logger.info("%.0f s left: training %d steps", left, config.steps)
+    if episodes is None:
+        episodes = load_split(config, workers)
     final = train(config, episodes)
     print(
         "trained steps={step} val_action_loss={val_action_loss:.4f} "

@@ -285,3 +285,18 @@ def test_a_checkpoints_preset_must_fit_its_object_state() -> None:
     for preset, kind in (("workcell_poses_bins", "positions"), ("workcell", "poses")):
         with pytest.raises(ValueError, match="needs one of the presets"):
             TrainConfig("d", "o", preset=preset, object_state=kind)
+
+
+def test_parallel_loading_gives_the_same_arrays(demos_dir) -> None:
+    """`load_episodes_parallel` (each share of the paths in its own process) merges to the
+    arrays one process reads, object state and episode numbering included."""
+    paths = recorder.list_episodes(demos_dir)
+    config = get_model_config("workcell_reach_bins")
+    one = data.load_episodes(paths, config, object_state="reach")
+    two = data.load_episodes_parallel(paths, config, object_state="reach", workers=2)
+    assert len(set(two.episode.tolist())) == len(paths) > 1
+    for field in ("state", "actions", "episode", "stage"):
+        np.testing.assert_array_equal(getattr(two, field), getattr(one, field))
+    for slot in config.image_keys:
+        np.testing.assert_array_equal(two.images[slot], one.images[slot])
+    assert two.seeds == one.seeds and two.specs == one.specs

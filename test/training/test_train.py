@@ -304,9 +304,9 @@ def test_deadline_counts_from_when_the_recorded_data_is_loaded(
     monkeypatch.setattr(train.time, "time", lambda: clock["now"])
     load_split = train.load_split
 
-    def slow_load(config):
+    def slow_load(config, workers=1):
         clock["now"] += 400.0  # loading takes 400 s of the 1000 left at start-up
-        return load_split(config)
+        return load_split(config, workers)
 
     fitted: list[train.TrainConfig] = []
 
