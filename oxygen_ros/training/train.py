@@ -870,7 +870,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         left = deadline - time.time()
         config = fit_to_deadline(config, left, step_time)
         logger.info("%.0f s left: training %d steps", left, config.steps)
-    if episodes is None:
+    if episodes is None and workers > 1:  # else train() reads them in this process
         episodes = load_split(config, workers)
     final = train(config, episodes)
     print(
