@@ -214,10 +214,9 @@ def load_episodes(
 
 
 def _load_part(
-    paths: Sequence[str | os.PathLike], config: ModelConfig, object_state: str, level: int
+    paths: Sequence[str | os.PathLike], config: ModelConfig, object_state: str
 ) -> Episodes | None:
     """One worker's share of `load_episodes_parallel` (None: no episode to train on)."""
-    logging.basicConfig(level=level, format="%(asctime)s %(processName)s %(message)s")
     try:
         return load_episodes(paths, config, object_state=object_state)
     except ValueError as exc:
@@ -242,13 +241,16 @@ def load_episodes_parallel(
         return load_episodes(paths, config, object_state=object_state)
     import multiprocessing
 
-    shares = np.array_split(np.arange(len(paths)), min(workers, len(paths)))
+    from oxygen_ros.sim import generate_demos
+
     jobs = [
-        ([paths[i] for i in share], config, object_state, logger.getEffectiveLevel())
-        for share in shares
+        (paths[first : first + count], config, object_state)
+        for first, count in generate_demos.split_range(len(paths), workers)
     ]
     # spawn: nothing (MuJoCo, XLA threads) is inherited from the parent.
-    with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:
+    level = (logger.getEffectiveLevel(),)
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(len(jobs), generate_demos.log_to_stderr, level) as pool:
         parts = [part for part in pool.starmap(_load_part, jobs) if part is not None]
     if not parts:
         raise ValueError("no successful episodes to train on")
