@@ -4,8 +4,9 @@
 first). Steps, on 2 CPU cores:
 1. Read the successful episodes; the `--heldout` episodes with the highest seeds are never
    trained on (evaluation only).
-2. openpi norm stats of the training episodes; samples tokenised as the engine serves them
-   (training/data.py).
+2. openpi norm stats of the training episodes (with `--init-from`, the starting checkpoint's,
+   unless `--fresh-norm-stats`: `training_norm_stats`); samples tokenised as the engine serves
+   them (training/data.py).
 3. AdamW (optax) with linear warm-up and cosine decay, global-norm clipping; loss = openpi's
    flow-matching action loss + `language_weight` x token cross-entropy (training/loss.py).
    With `--state-dropout p`, a fraction p of the samples in each batch carry their episode's
@@ -56,7 +57,13 @@ import orbax.checkpoint as ocp
 from openpi.shared import normalize
 
 from oxygen_ros.engine import model_fns
-from oxygen_ros.engine.checkpoint import Normalizer, load_params, save_delta_action_mask
+from oxygen_ros.engine.checkpoint import (
+    Normalizer,
+    load_delta_action_mask,
+    load_norm_stats,
+    load_params,
+    save_delta_action_mask,
+)
 from oxygen_ros.engine.config import (
     EngineConfig,
     ModelConfig,
@@ -98,6 +105,7 @@ class TrainConfig:
     assets_id: str = "workcell"
     tokenizer_path: str = ""  # "" = the one the preset is sized for (data.preset_tokenizer)
     init_from: str = ""  # checkpoint to start from ("" = random init from `seed`)
+    fresh_norm_stats: bool = False  # with init_from: new norm stats, not the checkpoint's
     early_steps: int = 0  # the first early_steps steps of each episode are drawn ...
     early_weight: float = 1.0  # ... this many times as often (the arm is still at home there)
     state_dropout: float = 0.0  # fraction of samples whose prompt carries the home state
@@ -347,6 +355,43 @@ def drop_images(batch: _loss.Batch, keep: np.ndarray) -> _loss.Batch:
     instruction and the state in the prompt are all those rows show."""
     masks = {k: jnp.logical_and(v, jnp.asarray(keep)) for k, v in batch.image_masks.items()}
     return batch._replace(image_masks=masks)
+
+
+def training_norm_stats(
+    config: TrainConfig,
+    train_eps: _data.Episodes,
+    norm: NormConfig,
+    delta_mask: tuple[bool, ...],
+) -> dict[str, normalize.NormStats]:
+    """The norm stats a run trains with (and saves): openpi's statistics of the training
+    episodes; with `init_from` (unless `fresh_norm_stats`) the starting checkpoint's own, so
+    every state bin and action scale means to the fine-tuned model what it meant before (new
+    data, for example DAgger's off-path rows, would otherwise move the 1-99 % quantiles that
+    place the state bins).
+
+    Raises:
+        ValueError: the starting checkpoint's stats do not fit these episodes' state or action
+            width, or it was trained with another delta-action mask.
+    """
+    if not config.init_from or config.fresh_norm_stats:
+        return _data.compute_norm_stats(train_eps, norm)
+    stats = load_norm_stats(config.init_from, None)
+    for key, values in ((norm.state_key, train_eps.state), (norm.actions_key, train_eps.actions)):
+        if key not in stats or stats[key].mean.shape[-1] != values.shape[-1]:
+            width = stats[key].mean.shape[-1] if key in stats else None
+            raise ValueError(
+                f"--init-from {config.init_from}: its {key!r} norm stats have width {width}, "
+                f"these episodes {values.shape[-1]} (another object state?); "
+                "--fresh-norm-stats computes new ones"
+            )
+    trained_mask = load_delta_action_mask(config.init_from, None)
+    if tuple(trained_mask) != tuple(delta_mask):
+        raise ValueError(
+            f"--init-from {config.init_from} was trained with delta-action mask "
+            f"{trained_mask or 'none'}, this run uses {delta_mask or 'none'} (--delta-actions)"
+        )
+    logger.info("norm stats: kept from %s", config.init_from)
+    return stats
 
 
 def sampling_weights(step: np.ndarray, early_steps: int, early_weight: float) -> np.ndarray:
@@ -638,7 +683,7 @@ def train(
         episodes.actions = Normalizer.relative_actions(
             episodes.actions, episodes.state, delta_mask
         )
-    norm_stats = _data.compute_norm_stats(train_eps, norm)
+    norm_stats = training_norm_stats(config, train_eps, norm, delta_mask)
     normalizer = Normalizer(norm_stats, norm)
     train_samples = _data.build_samples(train_eps, model_config, tokenizer, normalizer, prompt)
     heldout_samples = _data.build_samples(heldout_eps, model_config, tokenizer, normalizer, prompt)

@@ -3,6 +3,7 @@ unchanged, and is reproducible from its seed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -156,6 +157,32 @@ def test_training_resumes_from_a_checkpoint(trained, demos_dir, tmp_path) -> Non
     fresh, resumed = first_loss(out), first_loss(tmp_path / "resumed")
     assert resumed < 0.7 * fresh, (fresh, resumed)
     assert json.loads((tmp_path / "resumed" / "run.json").read_text())["config"]["init_from"]
+
+
+def test_fine_tuning_keeps_the_starting_checkpoints_norm_stats(trained, demos_dir) -> None:
+    """With --init-from the state bins and action scales stay the ones the model learned (new
+    data would move them); --fresh-norm-stats computes them from the new episodes."""
+    out, _ = trained
+    config = _config(demos_dir, out.parent / "unused", init_from=str(out))
+    norm = NormConfig()
+    one = data.load_episodes(
+        recorder.list_episodes(demos_dir)[:1], get_model_config(config.preset)
+    )
+    saved = normalize.load(out / "assets" / config.assets_id)
+    kept = train.training_norm_stats(config, one, norm, ())
+    fresh = train.training_norm_stats(
+        dataclasses.replace(config, fresh_norm_stats=True), one, norm, ()
+    )
+    for key in (norm.state_key, norm.actions_key):
+        for field in ("mean", "std", "q01", "q99"):
+            np.testing.assert_array_equal(getattr(kept[key], field), getattr(saved[key], field))
+    # Positive control: one episode's own statistics are not the training set's.
+    assert not np.allclose(fresh[norm.state_key].q99, saved[norm.state_key].q99)
+    with pytest.raises(ValueError, match="delta-action mask"):
+        train.training_norm_stats(config, one, norm, data.DELTA_ACTION_MASK)
+    one.state = np.concatenate([one.state, one.state[..., :3]], axis=-1)  # another object state
+    with pytest.raises(ValueError, match="width"):
+        train.training_norm_stats(config, one, norm, ())
 
 
 def test_moved_arm_is_the_arm_whose_joints_move_further() -> None:
