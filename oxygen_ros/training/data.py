@@ -149,6 +149,10 @@ def chunk_indices(steps: int, horizon: int) -> np.ndarray:
     return np.minimum(np.arange(steps)[:, None] + np.arange(horizon), steps - 1)
 
 
+class NoEpisodesError(ValueError):
+    """None of the given episode files is one to train on (all failed, none relabelled)."""
+
+
 def load_episodes(
     paths: Sequence[str | os.PathLike],
     config: ModelConfig,
@@ -201,7 +205,7 @@ def load_episodes(
         episode.append(np.full((steps,), index, np.int32))
         stage.append(np.array([language.stage_index(spec, s) for s in ep.subtasks], np.int32))
     if not specs:
-        raise ValueError("no successful episodes to train on")
+        raise NoEpisodesError("no successful episodes to train on")
     return Episodes(
         images={k: np.concatenate(v) for k, v in images.items()},
         state=np.concatenate(state),
@@ -219,10 +223,8 @@ def _load_part(
     """One worker's share of `load_episodes_parallel` (None: no episode to train on)."""
     try:
         return load_episodes(paths, config, object_state=object_state)
-    except ValueError as exc:
-        if "no successful episodes" in str(exc):
-            return None
-        raise
+    except NoEpisodesError:
+        return None
 
 
 def load_episodes_parallel(
@@ -253,7 +255,7 @@ def load_episodes_parallel(
     with context.Pool(len(jobs), generate_demos.log_to_stderr, level) as pool:
         parts = [part for part in pool.starmap(_load_part, jobs) if part is not None]
     if not parts:
-        raise ValueError("no successful episodes to train on")
+        raise NoEpisodesError("no successful episodes to train on")
     return merge_episodes(parts)
 
 

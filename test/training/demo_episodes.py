@@ -15,8 +15,11 @@ STEPS = 12
 SEEDS = (1000, 1001, 1002)
 
 
-def write_episode(directory: pathlib.Path, index: int, seed: int, steps: int = STEPS) -> None:
-    """One successful episode: phases in order, distinct images and states per step."""
+def write_episode(
+    directory: pathlib.Path, index: int, seed: int, steps: int = STEPS, success: bool = True
+) -> None:
+    """One episode (successful unless `success=False`): phases in order, distinct images and
+    states per step."""
     spec = tasks.sample_episode(seed)
     labels = tasks.subtask_labels(spec)
     rng = np.random.default_rng(seed)
@@ -45,4 +48,4 @@ def write_episode(directory: pathlib.Path, index: int, seed: int, steps: int = S
                 action=qpos + 0.05,
                 subtask=labels[min(t * len(labels) // steps, len(labels) - 1)],
             )
-        writer.close(success=True)
+        writer.close(success=success)

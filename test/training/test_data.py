@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from demo_episodes import SEEDS, STEPS
+from demo_episodes import SEEDS, STEPS, write_episode
 
 from oxygen_ros.engine import prompts
 from oxygen_ros.engine.checkpoint import Normalizer
@@ -300,3 +300,21 @@ def test_parallel_loading_gives_the_same_arrays(demos_dir) -> None:
     for slot in config.image_keys:
         np.testing.assert_array_equal(two.images[slot], one.images[slot])
     assert two.seeds == one.seeds and two.specs == one.specs
+
+
+def test_a_share_of_failed_episodes_is_dropped_when_loading_in_parallel(tmp_path) -> None:
+    """Three episodes, the first two failed: two workers read [0, 1] and [2]; the first share
+    adds nothing and the rest is read as one process reads it; with every episode failed the
+    typed error comes back."""
+    for index, seed in enumerate(SEEDS):
+        write_episode(tmp_path, index, seed, success=index == 2)
+    paths = recorder.list_episodes(tmp_path)
+    config = get_model_config("workcell_reach_bins")
+    with pytest.raises(data.NoEpisodesError):
+        data.load_episodes(paths[:2], config)  # the failed share on its own
+    two = data.load_episodes_parallel(paths, config, workers=2)
+    one = data.load_episodes(paths[2:], config)
+    assert two.seeds == one.seeds == [SEEDS[2]]
+    np.testing.assert_array_equal(two.state, one.state)
+    with pytest.raises(data.NoEpisodesError):
+        data.load_episodes_parallel(paths[:2], config, workers=2)
