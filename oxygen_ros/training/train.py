@@ -655,12 +655,20 @@ def load_split(config: TrainConfig, workers: int = 1) -> tuple[_data.Episodes, _
     model_config = get_model_config(config.preset)
     paths = [p for d in config.data_dir.split(",") for p in recorder.list_episodes(d)]
     train_paths, heldout_paths = split_episodes(paths, config.heldout)
-    return tuple(
+    started = time.monotonic()
+    split = tuple(
         _data.load_episodes_parallel(
             part, model_config, object_state=config.object_state, workers=workers
         )
         for part in (train_paths, heldout_paths)
     )
+    logger.info(
+        "read %d episode files in %.0f s with %d worker(s)",
+        len(paths),
+        time.monotonic() - started,
+        workers,
+    )
+    return split
 
 
 def train(
@@ -689,7 +697,7 @@ def train(
     heldout_samples = _data.build_samples(heldout_eps, model_config, tokenizer, normalizer, prompt)
     logger.info(
         "data: %d train samples (%d episodes), %d held-out samples (%d episodes, seeds %s) "
-        "in %.0f s",
+        "ready %.0f s after train() began",
         len(train_samples),
         len(train_eps.specs),
         len(heldout_samples),
