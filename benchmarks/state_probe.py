@@ -7,8 +7,9 @@ one observation, and serves it through the engine several times with the same ac
 and the same images, changing only numbers in the state:
 - each of the acting arm's six joints + `--joint-shift-rad`;
 - the named cube's x + `--cube-shift-m` (with `--object-state`).
-With `--object-state reach` each shifted state's hand-to-cube offsets are computed again from
-its joints and cubes (`workcell_cubes.reach_offsets`), as perception would report them.
+With `--object-state reach` (or `target`) each shifted state's hand-to-cube offsets are computed
+again from its joints and cubes (`workcell_cubes.reach_offsets`), as perception would report
+them.
 With `--no-images` every camera is masked out (for checkpoints trained with image dropout).
 
 It reports how much the chunk's last row changes *in the model's own action space* (the delta
@@ -57,12 +58,14 @@ def model_space(chunk: np.ndarray, state: np.ndarray, mask: tuple[bool, ...]) ->
 
 
 def perceived(state: np.ndarray, object_state: str) -> np.ndarray:
-    """`state` as perception would report it: with `reach`, the hand-to-cube offsets follow
-    the (shifted) joints and cube poses; other states are returned unchanged."""
-    if object_state != "reach":
+    """`state` as perception would report it: with `reach` or `target`, the hand-to-cube
+    offsets follow the (shifted) joints and cube poses; other states are returned unchanged."""
+    if object_state not in ("reach", "target"):
         return state
     joints, poses = state[: robot.NUM_JOINTS], state[robot.NUM_JOINTS :]
-    width = len(workcell_cubes.POSE_STATE_NAMES)
+    width = len(workcell_cubes.POSE_FIELDS)  # the target's pose
+    if object_state == "reach":
+        width = len(workcell_cubes.POSE_STATE_NAMES)
     out = state.copy()
     out[robot.NUM_JOINTS + width :] = workcell_cubes.reach_offsets(poses[:width], joints)
     return out
@@ -74,7 +77,9 @@ def on_path_observation(workcell: Workcell, spec, config: RolloutConfig, at_s: f
     workcell.reset(robot.HOME, spec.objects)
     start = workcell.time
     expert.reset(workcell, spec)
-    cubes = workcell_cubes.object_state(config.object_state)
+    cubes = workcell_cubes.object_state(
+        config.object_state, data.target_of(config.object_state, spec)
+    )
     ticks = round(config.execute_s * config.control_hz)
     while True:
         observation = data.observe(
@@ -124,7 +129,8 @@ def probe_one(engine: Engine, observation, spec, args) -> dict:
     result = {"seed": spec.seed, "instruction": spec.instruction, "joints": joints}
     if args.object_state:
         names = workcell_cubes.object_state(args.object_state).names
-        index = robot.NUM_JOINTS + list(names).index(f"{spec.colour}_cube.x")
+        cube = workcell_cubes.TARGET if args.object_state == "target" else spec.target
+        index = robot.NUM_JOINTS + list(names).index(f"{cube}.x")
         state = np.asarray(observation.state, np.float64).copy()
         state[index] += args.cube_shift_m
         out, tokens = serve(perceived(state, args.object_state))

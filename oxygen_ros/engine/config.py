@@ -20,6 +20,9 @@ Presets (`get_model_config(name)`):
 - `workcell_reach_bins`: the poses and each cube's offset from each hand
   (`workcell_cubes.REACH_STATE_NAMES`, 39 numbers) for the same tokenizer: a 74-token prompt
   budget, prefix 182 tokens.
+- `workcell_target_bins`: only the instructed cube's pose and offsets from the hands
+  (`workcell_cubes.TARGET_STATE_NAMES`, 13 numbers) for the same tokenizer: a 48-token prompt
+  budget, prefix 156 tokens.
 
 Invariants:
 - Every config is a frozen, hashable dataclass; compiled model functions are cached per
@@ -48,6 +51,7 @@ PRESET_NAMES = (
     "workcell_poses",
     "workcell_poses_bins",
     "workcell_reach_bins",
+    "workcell_target_bins",
     "pi05",
 )
 PI05_IMAGE_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
@@ -97,6 +101,12 @@ def get_model_config(name: str) -> ModelConfig:
             vision_variant="mu/14",
             dtype="float32",
             param_dtype="float32",
+        )
+    if name == "workcell_target_bins":
+        # 14 joints + 13 numbers (the instructed cube's pose and offset from each hand), one
+        # token each with the state-bins tokenizer: 48 tokens with the longest instruction.
+        return dataclasses.replace(
+            get_model_config("workcell"), name="workcell_target_bins", max_token_len=48
         )
     if name == "workcell_reach_bins":
         # 14 joints + 39 numbers (the poses and each cube's offset from each hand), one token

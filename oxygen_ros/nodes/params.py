@@ -372,7 +372,7 @@ MODEL_SHARED: tuple[ParamSpec, ...] = (
     ),
 )
 
-CUBE_STATES = ("positions", "poses", "reach")  # perception's `cube_state`
+CUBE_STATES = ("positions", "poses", "reach", "target")  # perception's `cube_state`
 PERCEPTION: tuple[ParamSpec, ...] = (
     *MODEL_SHARED,
     ParamSpec(
@@ -450,9 +450,18 @@ PERCEPTION: tuple[ParamSpec, ...] = (
         "of 4 x yaw, moved x, y per cube; a cube in a gripper follows the hand's forward "
         "kinematics; needs the workcell's 14 joints in joint_names) or 'reach' (the poses, "
         "then per cube and arm sign(d) * sqrt(|d|) of the cube's centre minus the pinch point "
-        "in metres; the same joints)",
+        "in metres; the same joints) or 'target' (the pose and offsets of the cube the newest "
+        "instruction on target_instruction_topic names, alone; the same joints)",
         "str",
         check=one_of(*CUBE_STATES),
+    ),
+    ParamSpec(
+        "target_instruction_topic",
+        "oxygen/current_instruction",
+        "with cube_state 'target': the (latched) instruction whose named cube the state "
+        "carries, by default the one the inference node has in use",
+        "str",
+        check=topic_name,
     ),
 )
 PERCEPTION_CAMERA: tuple[ParamSpec, ...] = (

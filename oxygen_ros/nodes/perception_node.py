@@ -32,7 +32,13 @@ Invariants:
   `cube_state: poses` they are the cubes' poses instead (`POSE_STATE_NAMES`,
   `workcell_cubes.CubePoseState`: whole views, and a cube held in a gripper follows the
   hand's forward kinematics of the frame's joints); with `cube_state: reach` the poses and each
-  cube's offset from each hand (`REACH_STATE_NAMES`, `workcell_cubes.CubeReachState`).
+  cube's offset from each hand (`REACH_STATE_NAMES`, `workcell_cubes.CubeReachState`); with
+  `cube_state: target` only the instructed cube's pose and offsets (`TARGET_STATE_NAMES`,
+  `workcell_cubes.CubeTargetState`), the cube named by the newest instruction on
+  `target_instruction_topic` (latched: the inference node's instruction in use). Frames
+  without a target (no instruction yet, or one that names no workcell cube: warned about,
+  throttled) carry a cube resting at the table's centre and count `cube_state.no_target`.
+  A new instruction applies from the next frame built after it arrives.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.node import Node
 from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import String
 
 from oxygen_ros.engine.config import get_model_config
 from oxygen_ros.msg import ObservationFrame
@@ -66,6 +73,7 @@ from oxygen_ros.nodes.image_conversion import (
     to_model_image,
 )
 from oxygen_ros.nodes.runtime import (
+    LATCHED_QOS,
     OBSERVATION_QOS,
     SENSOR_QOS,
     ReasonThrottle,
@@ -121,6 +129,7 @@ class PerceptionNode(Node):
             if p["cube_state"] != "positions":  # poses, reach: the joints are read too
                 self._cube_joints = self._workcell_joint_columns(p["joint_names"], p["cube_state"])
             self._cube_state = workcell_cubes.object_state(p["cube_state"])
+        self._target_instruction = None  # the newest instruction seen (cube_state: target)
         self._out_size = get_model_config(p["model_preset"]).image_resolution  # (rows, cols)
         self._converted: dict[str, tuple[float, np.ndarray]] = {}  # camera -> (stamp, image)
         self.counters: collections.Counter[str] = collections.Counter()
@@ -151,6 +160,13 @@ class PerceptionNode(Node):
             lambda msg: self._guarded(self._on_joints, msg),
             SENSOR_QOS,
         )
+        if self._cube_camera is not None and p["cube_state"] == "target":
+            self.create_subscription(
+                String,
+                p["target_instruction_topic"],
+                lambda msg: self._guarded(self._on_instruction, msg),
+                LATCHED_QOS,
+            )
         self._frame_timer = self.create_timer(1.0 / p["observation_rate_hz"], self._on_frame_tick)
         self._diag_timer = self.create_timer(self._diag_period(), self._publish_diagnostics)
         self.params.add_listener(self._on_params)
@@ -336,6 +352,30 @@ class PerceptionNode(Node):
                 throttle_duration_sec=THROTTLE_S,
             )
 
+    def _on_instruction(self, msg: String) -> None:
+        """`cube_state: target`: the cube the instruction names becomes the frames' target;
+        one that names none leaves the frames without a target (warned, throttled)."""
+        from oxygen_ros.perception import workcell_cubes
+        from oxygen_ros.sim import tasks
+
+        if msg.data == self._target_instruction:
+            return
+        self._target_instruction = msg.data
+        try:
+            target = tasks.object_name(tasks.parse_instruction(msg.data).colour)
+        except ValueError as exc:
+            self._cube_state.target = None
+            self._throttle.warn(
+                self, "no_target", f"no target cube for the state: {str(exc)[:200]}"
+            )
+            return
+        if target not in workcell_cubes.CUBE_NAMES:  # a colour the scene has no cube of
+            self._cube_state.target = None
+            self._throttle.warn(self, "no_target", f"no workcell cube {target!r} to track")
+            return
+        self._cube_state.target = target
+        self.get_logger().info(f"state target: {target} ({msg.data!r})")
+
     def _with_cubes(self, frame):
         """`frame` with the tracked cube positions appended to its state."""
         camera = self._cube_camera
@@ -348,6 +388,8 @@ class PerceptionNode(Node):
                 self._reject(exc.reason, f"{camera.name} image: {exc}")
         if image is None:
             self.counters["cube_state.unseen"] += 1
+        if getattr(self._cube_state, "target", "") is None:
+            self.counters["cube_state.no_target"] += 1
         if self._cube_joints is None:
             cubes = self._cube_state.update(image)
         else:

@@ -6,7 +6,8 @@ joints, then x, y of each cube in `CUBE_NAMES` order). A cube that is not seen k
 position it was last seen at (`CubeTracker`); one not seen since the episode began is at the
 table's centre. `cube_poses` gives each cube's full pose (height, yaw, start) from the same
 camera and the arms' measured joints (`cube_poses.CubePoses`), with the arms' forward
-kinematics read from the same MJCF.
+kinematics read from the same MJCF; `CubeReachState` adds each cube's offset from each hand,
+`CubeTargetState` reports only the instructed cube (pose and offsets).
 
 Invariants:
 - The same function gives training (recorded images) and serving (live images) the same
@@ -41,6 +42,12 @@ POSE_STATE_NAMES: tuple[str, ...] = tuple(
 REACH_FIELDS = ("dx", "dy", "dz")
 REACH_STATE_NAMES: tuple[str, ...] = POSE_STATE_NAMES + tuple(
     f"{name}.{arm}.{field}" for name in CUBE_NAMES for arm in robot.ARMS for field in REACH_FIELDS
+)
+# `CubeTargetState`: the instructed cube's pose, then where its centre is from each arm's pinch
+# point, at the same places whichever cube the instruction names
+TARGET = "target"
+TARGET_STATE_NAMES: tuple[str, ...] = tuple(f"{TARGET}.{field}" for field in POSE_FIELDS) + tuple(
+    f"{TARGET}.{arm}.{field}" for arm in robot.ARMS for field in REACH_FIELDS
 )
 TABLE_CENTRE_XY = tuple(float(np.mean(r)) for r in tasks.TABLE_REGION)
 
@@ -107,34 +114,40 @@ def episode_cube_states(top_images: np.ndarray) -> np.ndarray:
     return np.stack([cubes.update(image) for image in top_images]).astype(np.float32)
 
 
-# What follows the joints in the state: nothing, the cubes' positions, their poses, or their
-# poses and where each is from each hand.
-OBJECT_STATES = ("", "positions", "poses", "reach")
+# What follows the joints in the state: nothing, the cubes' positions, their poses, their
+# poses and where each is from each hand, or only the instructed cube's pose and offsets.
+OBJECT_STATES = ("", "positions", "poses", "reach", "target")
 
 
-def object_state(kind: str) -> CubeState | CubePoseState | None:
-    """A fresh per-episode source of the state's object part (`update(image, joints)`)."""
+def object_state(kind: str, target: str | None = None) -> CubeState | CubePoseState | None:
+    """A fresh per-episode source of the state's object part (`update(image, joints)`);
+    `target` (a `CUBE_NAMES` entry, for "target" only) is the instructed cube."""
     if kind not in OBJECT_STATES:
         raise ValueError(f"object state must be one of {OBJECT_STATES}, got {kind!r}")
+    if target is not None and kind != "target":
+        raise ValueError(f"only the target state takes a target, not {kind!r}")
     if kind == "positions":
         return CubeState()
     if kind == "poses":
         return CubePoseState()
     if kind == "reach":
         return CubeReachState()
+    if kind == "target":
+        return CubeTargetState(target)
     return None
 
 
-def episode_object_states(kind: str, top_images: np.ndarray, joints: np.ndarray) -> np.ndarray:
-    """[T, K] float32: the object part ("positions", "poses" or "reach") of one episode's
-    states, from its recorded top-camera frames [T, H, W, 3] and measured joints [T, 14]."""
-    if kind == "poses":
-        return episode_cube_pose_states(top_images, joints)
-    if kind == "reach":
-        return episode_cube_pose_states(top_images, joints, CubeReachState())
+def episode_object_states(
+    kind: str, top_images: np.ndarray, joints: np.ndarray, target: str | None = None
+) -> np.ndarray:
+    """[T, K] float32: the object part (`OBJECT_STATES`) of one episode's states, from its
+    recorded top-camera frames [T, H, W, 3] and measured joints [T, 14] (and, for "target",
+    the instructed cube's name)."""
     if kind == "positions":
         return episode_cube_states(top_images)
-    raise ValueError(f"object state must be positions, poses or reach, got {kind!r}")
+    if kind not in OBJECT_STATES or not kind:
+        raise ValueError(f"object state must be one of {OBJECT_STATES[1:]}, got {kind!r}")
+    return episode_cube_pose_states(top_images, joints, object_state(kind, target))
 
 
 class CubeState:
@@ -210,10 +223,46 @@ class CubeReachState(CubePoseState):
         return np.concatenate([poses, reach_offsets(poses, joints)])
 
 
+class CubeTargetState(CubePoseState):
+    """The instructed cube alone: its `POSE_FIELDS`, then its centre minus each arm's pinch
+    point (`robot.ARMS` order, as in `CubeReachState`): `TARGET_STATE_NAMES`, the same places
+    whichever cube it is, so the policy need not find the named colour's numbers among all
+    cubes'. `target` (a `CUBE_NAMES` entry) may change between calls (a new instruction);
+    every cube is tracked all along, so the next call reports the new target's pose at once.
+    Without a target the numbers are a cube resting at the table's centre, unmoved, yaw 0
+    (as before the first image)."""
+
+    names = TARGET_STATE_NAMES
+
+    def __init__(self, target: str | None = None, grasp: GraspConfig | None = None) -> None:
+        super().__init__(grasp)
+        self.target = target
+
+    @property
+    def target(self) -> str | None:
+        return self._target
+
+    @target.setter
+    def target(self, name: str | None) -> None:
+        if name is not None and name not in CUBE_NAMES:
+            raise ValueError(f"target must be one of {CUBE_NAMES}, got {name!r}")
+        self._target = name
+
+    def update(self, image: np.ndarray | None, joints: np.ndarray) -> np.ndarray:
+        poses = super().update(image, joints).reshape(len(CUBE_NAMES), len(POSE_FIELDS))
+        if self._target is None:
+            centre = np.array(TABLE_CENTRE_XY)
+            pose = np.array((*centre, tasks.CUBE_HALF_SIZE_M, 0.0, 1.0, 0.0, 0.0), np.float32)
+        else:
+            pose = poses[CUBE_NAMES.index(self._target)]
+        return np.concatenate([pose, reach_offsets(pose, joints)])
+
+
 def reach_offsets(poses: np.ndarray, joints: np.ndarray) -> np.ndarray:
-    """[len(REACH_STATE_NAMES) - len(POSE_STATE_NAMES)] float32: the reach part of
-    `CubeReachState` from the pose part (`POSE_STATE_NAMES`) and the 14 measured joints."""
-    rows = np.asarray(poses, np.float64).reshape(len(CUBE_NAMES), len(POSE_FIELDS))
+    """[3 * len(robot.ARMS) per cube] float32: the reach part of `CubeReachState` (per cube
+    and arm) from pose rows (`POSE_FIELDS` per cube, any number of cubes) and the 14 measured
+    joints."""
+    rows = np.asarray(poses, np.float64).reshape(-1, len(POSE_FIELDS))
     q = np.asarray(joints, np.float64)
     pinches = np.stack([hands()[arm](q)[1] for arm in robot.ARMS])  # [arms, 3]
     d = rows[:, None, :3] - pinches[None, :, :]  # [cubes, arms, 3]

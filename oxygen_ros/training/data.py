@@ -73,6 +73,7 @@ OBJECT_STATE_PRESETS = {
     "positions": "workcell_objects",
     "poses": "workcell_poses",
     "reach": "workcell_reach_bins",
+    "target": "workcell_target_bins",
 }
 # Every workcell preset and the object state its prompt budget was sized for
 # (workcell_poses_bins: the poses at one token per number, tokenizer.STATE_BINS_TOKENIZER_PATH).
@@ -84,6 +85,7 @@ PRESET_OBJECT_STATES = {
 PRESET_TOKENIZERS = {
     "workcell_poses_bins": STATE_BINS_TOKENIZER_PATH,
     "workcell_reach_bins": STATE_BINS_TOKENIZER_PATH,
+    "workcell_target_bins": STATE_BINS_TOKENIZER_PATH,
 }
 
 
@@ -163,10 +165,11 @@ def load_episodes(
     the expert's chunks, `recorder`'s `/action_chunk`) and builds per-step raw arrays at the
     model resolution.
 
-    With `object_state` ("positions" or "poses", `workcell_cubes.OBJECT_STATES`), each step's
-    state is the joints followed by the cubes' table positions or poses that the workcell's
-    perception finds in the recorded top-camera frames (at their recorded resolution, as
-    perception sees them) and, for poses, the recorded joints, through the episode."""
+    With `object_state` (`workcell_cubes.OBJECT_STATES`), each step's state is the joints
+    followed by the cubes' table positions, poses, offsets from the hands (or the instructed
+    cube's alone) that the workcell's perception finds in the recorded top-camera frames (at
+    their recorded resolution, as perception sees them) and, past positions, the recorded
+    joints, through the episode."""
     images: dict[str, list[np.ndarray]] = {slot: [] for slot in config.image_keys}
     state, actions, episode, stage = [], [], [], []
     specs, seeds = [], []
@@ -189,7 +192,8 @@ def load_episodes(
         joints = ep.qpos.astype(np.float32)
         if object_state:
             top = ep.images[workcell_cubes.CAMERA]
-            objects = workcell_cubes.episode_object_states(object_state, top, ep.qpos)
+            target = target_of(object_state, spec)
+            objects = workcell_cubes.episode_object_states(object_state, top, ep.qpos, target)
             joints = np.concatenate([joints, objects], axis=1)
         state.append(joints)
         if ep.action_chunk is not None:  # relabelled (DAgger): the expert's chunk per step
@@ -314,7 +318,7 @@ def first_frame(
     """`observe` right after a reset to `spec` (robot at home; with `object_state`, a fresh
     cube tracker), stamped 0."""
     workcell.reset(robot.HOME, spec.objects)
-    cubes = workcell_cubes.object_state(object_state)
+    cubes = workcell_cubes.object_state(object_state, target_of(object_state, spec))
     return observe(workcell, spec.instruction, resolution, cubes)
 
 
@@ -427,6 +431,12 @@ def drop_state(rows: dict[str, object], drop: np.ndarray) -> dict[str, object]:
     return out
 
 
+def target_of(object_state: str, spec: tasks.EpisodeSpec) -> str | None:
+    """The cube an object state source must be told about: the instructed one for "target"
+    (as the perception node learns it from the instruction), None for the others."""
+    return spec.target if object_state == "target" else None
+
+
 def object_state_of(preset: str) -> str:
     """The object state a preset's prompt budget was sized for ("" for the others)."""
     return PRESET_OBJECT_STATES.get(preset, "")
@@ -462,6 +472,6 @@ def add_object_state_argument(parser: argparse.ArgumentParser) -> None:
         default="",
         choices=[kind for kind in workcell_cubes.OBJECT_STATES if kind],
         help="what follows the joints in the state: the cubes' positions (the default when "
-        "given alone), poses, or poses and each cube's offset from each hand (reach; preset: "
-        "data.OBJECT_STATE_PRESETS)",
+        "given alone), poses, poses and each cube's offset from each hand (reach), or the "
+        "instructed cube's pose and offsets alone (target); preset: data.OBJECT_STATE_PRESETS",
     )

@@ -145,7 +145,9 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
     start = workcell.time
     policy.reset(workcell, spec)
     tracker = tasks.SuccessTracker()
-    cubes = workcell_cubes.object_state(config.object_state)
+    cubes = workcell_cubes.object_state(
+        config.object_state, data.target_of(config.object_state, spec)
+    )
     ticks_per_frame = max(1, round(config.execute_s * config.control_hz))
     furthest, frames, hits, said = 0, 0, 0, 0
     closest = np.inf

@@ -91,6 +91,17 @@ def start_perception(launcher, override: Path):
     )
 
 
+def first_frames(launcher, ros_node, override: Path):
+    """Starts perception with `override` while the sensors publish, and waits for its first
+    frame: (frames, diagnostics, process), the lists filling as messages arrive."""
+    frames = ros_node.collect(ObservationFrame, "c_observation", OBSERVATION_QOS)
+    diags = ros_node.collect(DiagnosticArray, "/diagnostics", 10)
+    proc = start_perception(launcher, override)
+    wait_for(lambda: frames or not proc.alive(), 60, "a first observation frame")
+    assert proc.alive(), proc.log()
+    return frames, diags, proc
+
+
 def cubes_of(frame: ObservationFrame) -> np.ndarray:
     return np.asarray(frame.joint_positions[len(robot.JOINT_NAMES) :])
 
@@ -99,12 +110,17 @@ def truth(spec: tasks.EpisodeSpec) -> np.ndarray:
     return np.concatenate([spec.objects[name][:2] for name in workcell_cubes.CUBE_NAMES])
 
 
-def unseen(diags) -> int:
+def counter(diags, name: str) -> int:
+    """Perception's newest diagnostics value `name` (0 before it is counted)."""
     for array in reversed(diags):
         for status in array.status:
             if status.name == "oxygen_ros: perception":
-                return int(diagnostic_values(status).get("cube_state.unseen", 0))
+                return int(diagnostic_values(status).get(name, 0))
     return 0
+
+
+def unseen(diags) -> int:
+    return counter(diags, "cube_state.unseen")
 
 
 def test_frames_carry_the_detected_cubes_and_hold_them_while_unseen(
@@ -117,11 +133,7 @@ def test_frames_carry_the_detected_cubes_and_hold_them_while_unseen(
     try:
         first, second = tasks.sample_episode(4), tasks.sample_episode(9)
         sensors.show(cell, first.objects)
-        frames = ros_node.collect(ObservationFrame, "c_observation", OBSERVATION_QOS)
-        diags = ros_node.collect(DiagnosticArray, "/diagnostics", 10)
-        proc = start_perception(launcher, override)
-        wait_for(lambda: frames or not proc.alive(), 60, "a first observation frame")
-        assert proc.alive(), proc.log()
+        frames, diags, proc = first_frames(launcher, ros_node, override)
         names = [*robot.JOINT_NAMES, *workcell_cubes.STATE_NAMES]
         assert list(frames[-1].joint_names) == names
         assert len(frames[-1].joint_velocities) == 0  # the joint states carry none
@@ -244,5 +256,69 @@ def test_cube_poses_follow_a_gripper_that_holds_the_cube(
         )
         assert proc.alive(), proc.log()
     finally:
+        sensors.close()
+        cell.close()
+
+
+def no_target(diags) -> int:
+    return counter(diags, "cube_state.no_target")
+
+
+def test_the_target_state_follows_the_instructed_cube(launcher, ros_node, tmp_path) -> None:
+    """`cube_state: target`: the frames carry only the cube the newest instruction (latched,
+    on `target_instruction_topic`) names, pose then offsets from each hand, at the same places
+    whichever cube it is. Before any instruction, and after one that names no cube (warned,
+    counted), they carry a cube at the table's centre; a new instruction switches the cube."""
+    from std_msgs.msg import String
+
+    from oxygen_ros.nodes.runtime import LATCHED_QOS
+
+    override = tmp_path / "override.yaml"
+    override.write_text(
+        OVERRIDES + "    cube_state: target\n    target_instruction_topic: c_instruction\n"
+    )
+    cell = Workcell(WorkcellConfig())
+    sensors = WorkcellSensors(ros_node)
+    instruction = ros_node.node.create_publisher(String, "c_instruction", LATCHED_QOS)
+    width = len(workcell_cubes.POSE_FIELDS)
+    try:
+        spec = tasks.sample_episode(4)
+        sensors.show(cell, spec.objects)
+        frames, diags, proc = first_frames(launcher, ros_node, override)
+        assert list(frames[-1].joint_names) == [
+            *robot.JOINT_NAMES,
+            *workcell_cubes.TARGET_STATE_NAMES,
+        ]
+
+        def target_xy() -> np.ndarray:
+            return cubes_of(frames[-1])[:2]
+
+        def at(xy) -> bool:
+            return np.allclose(target_xy(), xy, atol=TOLERANCE_M)
+
+        centre = np.array(workcell_cubes.TABLE_CENTRE_XY)
+        wait_for(lambda: no_target(diags) > 0, 10, "cube_state.no_target counted")
+        assert at(centre), target_xy()
+        for name in workcell_cubes.CUBE_NAMES:  # every cube at its own place (seed 4)
+            assert not np.allclose(spec.objects[name][:2], centre, atol=TOLERANCE_M)
+        # Each cube named in turn: its table position, and its offsets from the hands are the
+        # reach state's for that cube (computed here from the same pose and the home joints).
+        for name in (spec.target, *[n for n in workcell_cubes.CUBE_NAMES if n != spec.target]):
+            colour = name.removesuffix("_cube")
+            instruction.publish(String(data=f"pick up the {colour} cube"))
+            xy = np.array(spec.objects[name][:2])
+            wait_for(lambda xy=xy: at(xy), 10, lambda n=name: f"{n} as target, {target_xy()}")
+            state = cubes_of(frames[-1])
+            expected = workcell_cubes.reach_offsets(state[:width], robot.HOME)
+            np.testing.assert_allclose(state[width:], expected, atol=1e-5)
+        # An instruction that names no cube: no target again, counted, the node alive.
+        before = no_target(diags)
+        instruction.publish(String(data="wave at the camera"))
+        wait_for(lambda: at(centre), 10, "the table centre after an instruction with no cube")
+        wait_for(lambda: no_target(diags) > before, 10, "cube_state.no_target counted again")
+        assert "no target cube for the state" in proc.log(), proc.log()
+        assert proc.alive(), proc.log()
+    finally:
+        ros_node.node.destroy_publisher(instruction)
         sensors.close()
         cell.close()

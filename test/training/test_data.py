@@ -18,7 +18,7 @@ from oxygen_ros.engine.tokenizer import (
 )
 from oxygen_ros.engine.types import Observation
 from oxygen_ros.nodes.image_conversion import resize_with_pad
-from oxygen_ros.sim import language, recorder, tasks
+from oxygen_ros.sim import language, recorder, robot, tasks
 from oxygen_ros.training import data
 from oxygen_ros.training.train import TrainConfig, split_episodes
 
@@ -207,6 +207,38 @@ def test_object_state_is_the_joints_then_the_tracked_cubes_and_served_alike(
     assert text.endswith("Action: ") and len(numbers) == 14 + width
 
 
+def test_target_state_is_each_episodes_instructed_cube_and_served_alike(tmp_path) -> None:
+    """`object_state="target"`: each episode's state carries the cube its instruction names
+    (the loader tells perception, as the node's instruction topic does): its pose and offsets
+    are that cube's rows of the reach state, and the prompt holds every number."""
+    from oxygen_ros.perception import workcell_cubes
+
+    config = get_model_config(data.OBJECT_STATE_PRESETS["target"])
+    for index, seed in enumerate((2, 4, SEEDS[0])):  # the red, blue and green cube named
+        write_episode(tmp_path, index, seed)
+    paths = recorder.list_episodes(tmp_path)
+    target = data.load_episodes(paths, config, object_state="target")
+    reach = data.load_episodes(paths, config, object_state="reach")
+    fields, arms = len(workcell_cubes.POSE_FIELDS), len(robot.ARMS) * 3
+    pose_width = len(workcell_cubes.POSE_STATE_NAMES)
+    assert target.state.shape == (3 * STEPS, 14 + fields + arms)
+    assert {spec.target for spec in target.specs} == set(workcell_cubes.CUBE_NAMES)
+    for e, spec in enumerate(target.specs):
+        rows = target.episode == e
+        k = workcell_cubes.CUBE_NAMES.index(spec.target)
+        objects = reach.state[rows, 14:]
+        pose = objects[:, k * fields : (k + 1) * fields]
+        offsets = objects[:, pose_width + k * arms : pose_width + (k + 1) * arms]
+        np.testing.assert_array_equal(target.state[rows, :14], reach.state[rows, :14])
+        np.testing.assert_array_equal(target.state[rows, 14 : 14 + fields], pose)
+        np.testing.assert_allclose(target.state[rows, 14 + fields :], offsets, atol=1e-7)
+    bins = Tokenizer(STATE_BINS_TOKENIZER_PATH)
+    normalizer = Normalizer(data.compute_norm_stats(target, NormConfig()), NormConfig())
+    samples = data.build_samples(target, config, bins, normalizer, PromptConfig())
+    text = bins.decode([int(i) for i in samples.tokens[0][samples.token_mask[0]]])
+    assert len(text.split("State: ")[1].split(";")[0].split()) == 14 + fields + arms
+
+
 @pytest.mark.parametrize(
     ("preset", "tokenizer_path"),
     [
@@ -214,6 +246,7 @@ def test_object_state_is_the_joints_then_the_tracked_cubes_and_served_alike(
         ("workcell_poses", BUNDLED_TOKENIZER_PATH),
         ("workcell_poses_bins", STATE_BINS_TOKENIZER_PATH),
         ("workcell_reach_bins", STATE_BINS_TOKENIZER_PATH),
+        ("workcell_target_bins", STATE_BINS_TOKENIZER_PATH),
     ],
 )
 def test_the_presets_prompt_budget_holds_the_longest_prompt(preset, tokenizer_path) -> None:
@@ -275,6 +308,9 @@ def test_a_checkpoints_preset_must_fit_its_object_state() -> None:
     with pytest.raises(ValueError, match="sized for"):
         data.model_preset("workcell", "poses")
     assert data.model_preset("", "reach") == "workcell_reach_bins"
+    assert data.model_preset("", "target") == "workcell_target_bins"
+    with pytest.raises(ValueError, match="sized for"):
+        data.model_preset("workcell_reach_bins", "target")
     # Training checks the same pairing, and takes the tokenizer the preset is sized for
     # unless told otherwise.
     config = TrainConfig("d", "o", preset="workcell_poses_bins", object_state="poses")
