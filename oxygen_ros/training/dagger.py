@@ -22,8 +22,9 @@ and executes the learner's chunk (or, with probability `beta`, the expert's: DAg
 `training.data.load_episodes` trains on like a demonstration, failed episodes included.
 
 `python -m oxygen_ros.training.dagger --checkpoint DIR --seeds 5000:5030 --out data/dagger_1
-[--object-state [positions|poses|reach]] [--beta 0.5] [--execute-s 0.1] [--expert reactive]` runs a
-checkpoint through the engine (as `training.rollout` does) and writes its relabelled episodes.
+[--object-state [positions|poses|reach|target]] [--beta 0.5] [--execute-s 0.1]
+[--expert reactive]` runs a checkpoint through the engine (as `training.rollout` does) and
+writes its relabelled episodes.
 `--expert reactive`
 labels with `ReactiveExpert` instead (`make_labeller`): it keeps no phase machine, so its label
 at a state does not depend on how the learner got there.

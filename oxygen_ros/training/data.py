@@ -456,8 +456,9 @@ def model_preset(preset: str, object_state: str) -> str:
 
 
 def add_object_state_argument(parser: argparse.ArgumentParser) -> None:
-    """`--object-state [positions|poses|reach]` (alone: positions; absent: none) and `--preset`
-    (the checkpoint's model preset; empty: the object state's default, see `model_preset`)."""
+    """`--object-state [positions|poses|reach|target]` (alone: positions; absent: none) and
+    `--preset` (the checkpoint's model preset; empty: the object state's default, see
+    `model_preset`)."""
     parser.add_argument(
         "--preset",
         default="",
