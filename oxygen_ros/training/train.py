@@ -377,8 +377,8 @@ def training_norm_stats(
         return _data.compute_norm_stats(train_eps, norm)
     stats = load_norm_stats(config.init_from, None)
     for key, values in ((norm.state_key, train_eps.state), (norm.actions_key, train_eps.actions)):
-        if key not in stats or stats[key].mean.shape[-1] != values.shape[-1]:
-            width = stats[key].mean.shape[-1] if key in stats else None
+        width = stats[key].mean.shape[-1] if key in stats else None
+        if width != values.shape[-1]:
             raise ValueError(
                 f"--init-from {config.init_from}: its {key!r} norm stats have width {width}, "
                 f"these episodes {values.shape[-1]} (another object state?); "
