@@ -50,7 +50,8 @@ LAUNCH_ARGUMENTS: tuple[LaunchArgument, ...] = (
         "model_preset",
         "",
         "engine preset (tiny, workcell, workcell_objects, workcell_poses, "
-        "workcell_poses_bins, workcell_reach_bins or pi05), also perception's image size "
+        "workcell_poses_bins, workcell_reach_bins, workcell_target_bins or pi05), also "
+        "perception's image size "
         "(empty: the YAML's value)",
     ),
     LaunchArgument(
