@@ -451,15 +451,16 @@ PERCEPTION: tuple[ParamSpec, ...] = (
         "kinematics; needs the workcell's 14 joints in joint_names) or 'reach' (the poses, "
         "then per cube and arm sign(d) * sqrt(|d|) of the cube's centre minus the pinch point "
         "in metres; the same joints) or 'target' (the pose and offsets of the cube the newest "
-        "instruction on target_instruction_topic names, alone; the same joints)",
+        "instruction on task_instruction_topic names, alone; the same joints)",
         "str",
         check=one_of(*CUBE_STATES),
     ),
     ParamSpec(
-        "target_instruction_topic",
+        "task_instruction_topic",
         "oxygen/current_instruction",
-        "with cube_state 'target': the (latched) instruction whose named cube the state "
-        "carries, by default the one the inference node has in use",
+        "with cube_state_camera: the (latched) instruction in use, by default the inference "
+        "node's; each one published starts a new task for the cube state (a fresh tracker fed "
+        "only images taken after it) and, with cube_state 'target', names its cube",
         "str",
         check=topic_name,
     ),

@@ -35,10 +35,15 @@ Invariants:
   cube's offset from each hand (`REACH_STATE_NAMES`, `workcell_cubes.CubeReachState`); with
   `cube_state: target` only the instructed cube's pose and offsets (`TARGET_STATE_NAMES`,
   `workcell_cubes.CubeTargetState`), the cube named by the newest instruction on
-  `target_instruction_topic` (latched: the inference node's instruction in use). Frames
-  without a target (no instruction yet, or one that names no workcell cube: warned about,
-  throttled) carry a cube resting at the table's centre and count `cube_state.no_target`.
-  A new instruction applies from the next frame built after it arrives.
+  `task_instruction_topic`. Frames without a target (no instruction yet, or one that names
+  no workcell cube: warned about, throttled) carry a cube resting at the table's centre and
+  count `cube_state.no_target`.
+- Each instruction published on `task_instruction_topic` (latched: the inference node's
+  instruction in use; the same text again is a new task too) starts a new task for the cube
+  state, as each training episode starts a fresh one: the tracker begins afresh (the poses'
+  `moved_x`, `moved_y` count from the cubes' places in the task's first view), and no frame is
+  built from a cube-camera image stamped before the instruction arrived
+  (`skipped.cube_image_before_task`), so a layout from before the task never enters it.
 """
 
 from __future__ import annotations
@@ -129,7 +134,7 @@ class PerceptionNode(Node):
             if p["cube_state"] != "positions":  # poses, reach: the joints are read too
                 self._cube_joints = self._workcell_joint_columns(p["joint_names"], p["cube_state"])
             self._cube_state = workcell_cubes.object_state(p["cube_state"])
-        self._target_instruction = None  # the newest instruction seen (cube_state: target)
+        self._task_start = -float("inf")  # node time the newest instruction arrived at
         self._out_size = get_model_config(p["model_preset"]).image_resolution  # (rows, cols)
         self._converted: dict[str, tuple[float, np.ndarray]] = {}  # camera -> (stamp, image)
         self.counters: collections.Counter[str] = collections.Counter()
@@ -160,10 +165,10 @@ class PerceptionNode(Node):
             lambda msg: self._guarded(self._on_joints, msg),
             SENSOR_QOS,
         )
-        if self._cube_camera is not None and p["cube_state"] == "target":
+        if self._cube_camera is not None:
             self.create_subscription(
                 String,
-                p["target_instruction_topic"],
+                p["task_instruction_topic"],
                 lambda msg: self._guarded(self._on_instruction, msg),
                 LATCHED_QOS,
             )
@@ -309,6 +314,9 @@ class PerceptionNode(Node):
         if on_snapshot and frame.stamp <= self._last_frame_stamp:
             self.counters["trigger.not_newer"] += 1
             return
+        if self._cube_state is not None and self._cube_image_before_task(frame):
+            self.counters["skipped.cube_image_before_task"] += 1  # a task's first moments
+            return
         self._last_frame_stamp = frame.stamp
         self._last_skip_reason = ""
         if self._cube_state is not None:
@@ -353,28 +361,42 @@ class PerceptionNode(Node):
             )
 
     def _on_instruction(self, msg: String) -> None:
-        """`cube_state: target`: the cube the instruction names becomes the frames' target;
-        one that names none leaves the frames without a target (warned, throttled)."""
+        """A new task: a fresh cube state, fed only images from now on; with `cube_state:
+        target` the cube the instruction names is its target (one that names none leaves the
+        frames without a target, warned, throttled)."""
+        from oxygen_ros.perception import workcell_cubes
+
+        kind = self.params["cube_state"]
+        target = self._instructed_cube(msg.data) if kind == "target" else None
+        self._cube_state = workcell_cubes.object_state(kind, target)
+        self._task_start = now_s(self)
+        self.counters["cube_state.tasks"] += 1
+        self.get_logger().info(
+            f"new task for the cube state ({msg.data[:80]!r})"
+            + (f", target {target}" if kind == "target" else "")
+        )
+
+    def _instructed_cube(self, text: str) -> str | None:
+        """The workcell cube `text` names (None, warned, when it names none)."""
         from oxygen_ros.perception import workcell_cubes
         from oxygen_ros.sim import tasks
 
-        if msg.data == self._target_instruction:
-            return
-        self._target_instruction = msg.data
         try:
-            target = tasks.object_name(tasks.parse_instruction(msg.data).colour)
+            target = tasks.object_name(tasks.parse_instruction(text).colour)
         except ValueError as exc:
-            self._cube_state.target = None
             self._throttle.warn(
                 self, "no_target", f"no target cube for the state: {str(exc)[:200]}"
             )
-            return
+            return None
         if target not in workcell_cubes.CUBE_NAMES:  # a colour the scene has no cube of
-            self._cube_state.target = None
             self._throttle.warn(self, "no_target", f"no workcell cube {target!r} to track")
-            return
-        self._cube_state.target = target
-        self.get_logger().info(f"state target: {target} ({msg.data!r})")
+            return None
+        return target
+
+    def _cube_image_before_task(self, frame) -> bool:
+        """Whether the frame's cube-camera image was taken before the current task began."""
+        index = frame.slots.index(self._cube_camera.slot)
+        return frame.payloads[index] is not None and frame.image_stamps[index] < self._task_start
 
     def _with_cubes(self, frame):
         """`frame` with the tracked cube positions appended to its state."""

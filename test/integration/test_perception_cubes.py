@@ -266,7 +266,7 @@ def no_target(diags) -> int:
 
 def test_the_target_state_follows_the_instructed_cube(launcher, ros_node, tmp_path) -> None:
     """`cube_state: target`: the frames carry only the cube the newest instruction (latched,
-    on `target_instruction_topic`) names, pose then offsets from each hand, at the same places
+    on `task_instruction_topic`) names, pose then offsets from each hand, at the same places
     whichever cube it is. Before any instruction, and after one that names no cube (warned,
     counted), they carry a cube at the table's centre; a new instruction switches the cube."""
     from std_msgs.msg import String
@@ -275,7 +275,7 @@ def test_the_target_state_follows_the_instructed_cube(launcher, ros_node, tmp_pa
 
     override = tmp_path / "override.yaml"
     override.write_text(
-        OVERRIDES + "    cube_state: target\n    target_instruction_topic: c_instruction\n"
+        OVERRIDES + "    cube_state: target\n    task_instruction_topic: c_instruction\n"
     )
     cell = Workcell(WorkcellConfig())
     sensors = WorkcellSensors(ros_node)
@@ -311,6 +311,32 @@ def test_the_target_state_follows_the_instructed_cube(launcher, ros_node, tmp_pa
             state = cubes_of(frames[-1])
             expected = workcell_cubes.reach_offsets(state[:width], robot.HOME)
             np.testing.assert_allclose(state[width:], expected, atol=1e-5)
+        # A new layout within the same task: the cube is found at its new place and has moved
+        # from where the task first saw it (the positive control of the reset below).
+        text = f"pick up the {colour} cube"
+        second = tasks.sample_episode(9)
+        xy = np.array(second.objects[name][:2])
+        shift = xy - np.array(spec.objects[name][:2])
+        assert np.linalg.norm(shift) > 0.02
+        sensors.show(cell, second.objects)
+
+        def moved() -> np.ndarray:
+            return cubes_of(frames[-1])[5:7]
+
+        wait_for(lambda: at(xy), 10, f"{name} at its new place {xy}")
+        wait_for(lambda: np.allclose(moved(), shift, atol=TOLERANCE_M), 10, "the shift")
+        # The same instruction again is a new task: it starts from this layout, unmoved.
+        tasks_before = counter(diags, "cube_state.tasks")
+        instruction.publish(String(data=text))
+        wait_for(
+            lambda: (
+                counter(diags, "cube_state.tasks") > tasks_before
+                and at(xy)
+                and np.allclose(moved(), 0.0, atol=1e-6)
+            ),
+            10,
+            lambda: f"a new task at the new layout, unmoved: {moved()}",
+        )
         # An instruction that names no cube: no target again, counted, the node alive.
         before = no_target(diags)
         instruction.publish(String(data="wave at the camera"))
