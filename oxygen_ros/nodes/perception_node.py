@@ -364,34 +364,31 @@ class PerceptionNode(Node):
         """A new task: a fresh cube state, fed only images from now on; with `cube_state:
         target` the cube the instruction names is its target (one that names none leaves the
         frames without a target, warned, throttled)."""
-        from oxygen_ros.perception import workcell_cubes
-
-        kind = self.params["cube_state"]
-        target = self._instructed_cube(msg.data) if kind == "target" else None
-        self._cube_state = workcell_cubes.object_state(kind, target)
+        self._cube_state = self._task_cube_state(msg.data)
         self._task_start = now_s(self)
         self.counters["cube_state.tasks"] += 1
-        self.get_logger().info(
-            f"new task for the cube state ({msg.data[:80]!r})"
-            + (f", target {target}" if kind == "target" else "")
-        )
+        message = f"new task for the cube state ({msg.data[:80]!r})"
+        if self.params["cube_state"] == "target":
+            message += f", target {self._cube_state.target}"
+        self.get_logger().info(message)
 
-    def _instructed_cube(self, text: str) -> str | None:
-        """The workcell cube `text` names (None, warned, when it names none)."""
+    def _task_cube_state(self, text: str):
+        """A fresh cube state for the task `text`; the target state's target is the workcell
+        cube `text` names (none, warned, when it names no colour or one without a cube)."""
         from oxygen_ros.perception import workcell_cubes
         from oxygen_ros.sim import tasks
 
+        kind = self.params["cube_state"]
+        if kind != "target":
+            return workcell_cubes.object_state(kind)
         try:
             target = tasks.object_name(tasks.parse_instruction(text).colour)
+            return workcell_cubes.object_state(kind, target)
         except ValueError as exc:
             self._throttle.warn(
                 self, "no_target", f"no target cube for the state: {str(exc)[:200]}"
             )
-            return None
-        if target not in workcell_cubes.CUBE_NAMES:  # a colour the scene has no cube of
-            self._throttle.warn(self, "no_target", f"no workcell cube {target!r} to track")
-            return None
-        return target
+            return workcell_cubes.object_state(kind)
 
     def _cube_image_before_task(self, frame) -> bool:
         """Whether the frame's cube-camera image was taken before the current task began."""
@@ -410,7 +407,7 @@ class PerceptionNode(Node):
                 self._reject(exc.reason, f"{camera.name} image: {exc}")
         if image is None:
             self.counters["cube_state.unseen"] += 1
-        if getattr(self._cube_state, "target", "") is None:
+        if self.params["cube_state"] == "target" and self._cube_state.target is None:
             self.counters["cube_state.no_target"] += 1
         if self._cube_joints is None:
             cubes = self._cube_state.update(image)

@@ -50,6 +50,12 @@ TARGET_STATE_NAMES: tuple[str, ...] = tuple(f"{TARGET}.{field}" for field in POS
     f"{TARGET}.{arm}.{field}" for arm in robot.ARMS for field in REACH_FIELDS
 )
 TABLE_CENTRE_XY = tuple(float(np.mean(r)) for r in tasks.TABLE_REGION)
+# `POSE_FIELDS` of a cube resting at the table's centre, unmoved, yaw 0: every cube before the
+# first image, and the target state's cube when the instruction names none
+RESTING_AT_CENTRE = np.array(
+    (*TABLE_CENTRE_XY, tasks.CUBE_HALF_SIZE_M, 0.0, 1.0, 0.0, 0.0), np.float32
+)
+RESTING_AT_CENTRE.setflags(write=False)
 
 
 @functools.cache
@@ -143,10 +149,10 @@ def episode_object_states(
     """[T, K] float32: the object part (`OBJECT_STATES`) of one episode's states, from its
     recorded top-camera frames [T, H, W, 3] and measured joints [T, 14] (and, for "target",
     the instructed cube's name)."""
+    if not kind:
+        raise ValueError(f"object state must be one of {OBJECT_STATES[1:]}, got {kind!r}")
     if kind == "positions":
         return episode_cube_states(top_images)
-    if kind not in OBJECT_STATES or not kind:
-        raise ValueError(f"object state must be one of {OBJECT_STATES[1:]}, got {kind!r}")
     return episode_cube_pose_states(top_images, joints, object_state(kind, target))
 
 
@@ -192,9 +198,7 @@ class CubePoseState:
             else:  # the same cubes seen through another image size
                 self._poses.detector = detector(width, height)
         if self._poses is None:
-            centre = np.array(TABLE_CENTRE_XY)
-            plane = (centre[0], centre[1], tasks.CUBE_HALF_SIZE_M, 0.0, 1.0, 0.0, 0.0)
-            return np.tile(np.array(plane, np.float32), len(CUBE_NAMES))
+            return np.tile(RESTING_AT_CENTRE, len(CUBE_NAMES))
         poses = self._poses.update(image, np.asarray(joints, np.float64))
         rows = [
             (
@@ -227,34 +231,21 @@ class CubeTargetState(CubePoseState):
     """The instructed cube alone: its `POSE_FIELDS`, then its centre minus each arm's pinch
     point (`robot.ARMS` order, as in `CubeReachState`): `TARGET_STATE_NAMES`, the same places
     whichever cube it is, so the policy need not find the named colour's numbers among all
-    cubes'. `target` (a `CUBE_NAMES` entry) may change between calls (a new instruction);
-    every cube is tracked all along, so the next call reports the new target's pose at once.
-    Without a target the numbers are a cube resting at the table's centre, unmoved, yaw 0
-    (as before the first image)."""
+    cubes'. `target` (a `CUBE_NAMES` entry) is fixed for the state's life (one task; a new
+    instruction gets a new state). Without a target the numbers are a cube resting at the
+    table's centre, unmoved, yaw 0 (`RESTING_AT_CENTRE`, as before the first image)."""
 
     names = TARGET_STATE_NAMES
 
     def __init__(self, target: str | None = None, grasp: GraspConfig | None = None) -> None:
+        if target is not None and target not in CUBE_NAMES:
+            raise ValueError(f"target must be one of {CUBE_NAMES}, got {target!r}")
         super().__init__(grasp)
         self.target = target
 
-    @property
-    def target(self) -> str | None:
-        return self._target
-
-    @target.setter
-    def target(self, name: str | None) -> None:
-        if name is not None and name not in CUBE_NAMES:
-            raise ValueError(f"target must be one of {CUBE_NAMES}, got {name!r}")
-        self._target = name
-
     def update(self, image: np.ndarray | None, joints: np.ndarray) -> np.ndarray:
         poses = super().update(image, joints).reshape(len(CUBE_NAMES), len(POSE_FIELDS))
-        if self._target is None:
-            centre = np.array(TABLE_CENTRE_XY)
-            pose = np.array((*centre, tasks.CUBE_HALF_SIZE_M, 0.0, 1.0, 0.0, 0.0), np.float32)
-        else:
-            pose = poses[CUBE_NAMES.index(self._target)]
+        pose = RESTING_AT_CENTRE if self.target is None else poses[CUBE_NAMES.index(self.target)]
         return np.concatenate([pose, reach_offsets(pose, joints)])
 
 

@@ -236,9 +236,8 @@ def test_reach_state_is_each_cube_from_each_pinch_site(cell) -> None:
 
 def test_target_state_is_the_instructed_cubes_rows_of_the_reach_state(cell) -> None:
     """`CubeTargetState`: the named cube's pose and its offsets from each hand, exactly the
-    rows `CubeReachState` gives that cube, at the same places for every cube; the target can
-    change between frames (the next frame reports the new cube, tracked all along); without
-    one it is a cube resting at the table's centre."""
+    rows `CubeReachState` gives that cube, at the same places for every cube; without a target
+    it is a cube resting at the table's centre; a colour the scene has no cube of is refused."""
     spec = tasks.sample_episode(0)
     cubes, arms = workcell_cubes.CUBE_NAMES, len(robot.ARMS)
     fields = len(workcell_cubes.POSE_FIELDS)
@@ -249,22 +248,20 @@ def test_target_state_is_the_instructed_cubes_rows_of_the_reach_state(cell) -> N
     measured = cell.joint_positions()
     image = cell.render(workcell_cubes.CAMERA)
     reach = workcell_cubes.CubeReachState().update(image, measured)
-    target = workcell_cubes.object_state("target", cubes[0])
-    assert target.names == workcell_cubes.TARGET_STATE_NAMES
     seen = []
     for k, name in enumerate(cubes):
-        target.target = name  # switched between frames, as a new instruction does
+        target = workcell_cubes.object_state("target", name)  # one state per task
+        assert target.names == workcell_cubes.TARGET_STATE_NAMES and target.target == name
         state = target.update(image, measured)
         np.testing.assert_array_equal(state[:fields], reach[k * fields : (k + 1) * fields])
         offsets = reach[width + k * reach_fields : width + (k + 1) * reach_fields]
         np.testing.assert_allclose(state[fields:], offsets, atol=1e-7)
         seen.append(state)
     assert len({tuple(np.round(s[:2], 3)) for s in seen}) == len(cubes)  # three places
-    target.target = None
-    centre = target.update(image, measured)
+    centre = workcell_cubes.object_state("target").update(image, measured)
     np.testing.assert_allclose(centre[:3], (*workcell_cubes.TABLE_CENTRE_XY, 0.02), atol=1e-7)
     np.testing.assert_allclose(centre[3:fields], (0.0, 1.0, 0.0, 0.0))
     with pytest.raises(ValueError, match="target must be one of"):
-        target.target = "purple_cube"
+        workcell_cubes.object_state("target", "purple_cube")
     with pytest.raises(ValueError, match="only the target state"):
         workcell_cubes.object_state("reach", cubes[0])
