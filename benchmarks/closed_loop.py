@@ -81,6 +81,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", default="", help="JSON path (default benchmarks/results/...)")
     parser.add_argument("--log-dir", default="", help="node logs (default: a temporary dir)")
+    parser.add_argument(
+        "--record-frames",
+        default="",
+        metavar="DIR",
+        help="save each episode's observation frames as perception published them (stamps, "
+        "state names and values, model images) and what the model said, to DIR/seed_<S>.npz: "
+        "to compare with what training's data.observe builds",
+    )
     return parser.parse_args(argv)
 
 
@@ -282,6 +290,7 @@ class Evaluator:
         self.memories: list[tuple[str, float]] = []  # (text, observation stamp)
         self.diagnostics: list[dict[str, str]] = []  # inference node status values
         self.frames: dict[str, list[tuple[float, np.ndarray]]] = {}
+        self.observations: list[object] = []  # ObservationFrame messages (--record-frames)
         self.capture = False
         self.last_reset_s = 0.0  # sim time of the last episode's reset
         self.joint_names = list(self._param("workcell_sim", "joint_names", []))
@@ -316,6 +325,16 @@ class Evaluator:
             self._on_memory, RELIABLE_QOS,
         )  # fmt: skip
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, 10)
+        if self.args.record_frames:
+            from oxygen_ros.msg import ObservationFrame
+            from oxygen_ros.nodes.runtime import OBSERVATION_QOS
+
+            self.node.create_subscription(
+                ObservationFrame,
+                self._param("perception", "observation_topic", "oxygen/observation"),
+                self._on_observation,
+                OBSERVATION_QOS,
+            )
         self.reset_client = self.node.create_client(
             ResetEpisode, self._param(sim, "reset_service", "workcell/reset_episode")
         )
@@ -354,6 +373,10 @@ class Evaluator:
             return
         with self.lock:
             self.spoken.append((msg.kind, msg.text.strip(), _seconds(msg.observation_stamp)))
+
+    def _on_observation(self, msg) -> None:
+        with self.lock:
+            self.observations.append(msg)
 
     def _on_image(self, camera: str, msg) -> None:
         if not self.capture:
@@ -405,6 +428,7 @@ class Evaluator:
             self.spoken.clear()
             self.memories.clear()
             self.stages.clear()
+            self.observations.clear()
             for frames in self.frames.values():
                 frames.clear()
         self.capture = capture
@@ -428,6 +452,7 @@ class Evaluator:
             spoken = list(self.spoken)
             memories = list(self.memories)
             stages = list(self.stages)
+            observations = list(self.observations)
         # Joint states of this episode only (the reset teleports the robot to its rest pose),
         # in stamp order without repeats.
         reset_s = self.last_reset_s = _seconds(status.header.stamp) - status.elapsed_s
@@ -440,6 +465,15 @@ class Evaluator:
         jumps = chunk_jumps(chunks)
         language = score_language(seed, status.instruction, reset_s, stages, spoken, memories)
         furthest, label = furthest_stage(seed, status.instruction, stages)
+        if self.args.record_frames:
+            save_frames(
+                Path(self.args.record_frames) / f"seed_{seed}.npz",
+                [m for m in observations if _seconds(m.header.stamp) > reset_s],
+                reset_s=reset_s,
+                instruction=status.instruction,
+                spoken=spoken,
+                memories=memories,
+            )
         return EpisodeRecord(
             seed=seed,
             instruction=status.instruction,
@@ -487,6 +521,39 @@ class Evaluator:
         self.executor.shutdown(timeout_sec=2.0)
         self.node.destroy_node()
         rclpy.try_shutdown()
+
+
+def save_frames(
+    path: Path,
+    observations: list,
+    reset_s: float,
+    instruction: str,
+    spoken: list[tuple[int, str, float]],
+    memories: list[tuple[str, float]],
+) -> None:
+    """One episode's ObservationFrame messages as arrays (`--record-frames`): `stamps` [N]
+    (observation time), `state_names`, `state` [N, D] (the joint_positions as published),
+    `images` [N, slots, H, W, 3] with `image_valid` [N, slots], `image_names`, and what the
+    model said (`speech`: kind, text, observation stamp; `memory`: text, observation stamp)."""
+    from oxygen_ros.nodes.conversions import image_msg_to_rgb
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    first = observations[0] if observations else None
+    np.savez_compressed(
+        path,
+        reset_s=reset_s,
+        instruction=instruction,
+        stamps=np.array([_seconds(m.header.stamp) for m in observations]),
+        state_names=np.array(list(first.joint_names) if first else [], dtype=str),
+        state=np.array([list(m.joint_positions) for m in observations], dtype=np.float64),
+        image_names=np.array(list(first.image_names) if first else [], dtype=str),
+        images=np.array(
+            [[image_msg_to_rgb(i) for i in m.images] for m in observations], dtype=np.uint8
+        ),
+        image_valid=np.array([list(m.image_valid) for m in observations], dtype=bool),
+        speech=np.array([json.dumps(s) for s in spoken], dtype=str),
+        memory=np.array([json.dumps(m) for m in memories], dtype=str),
+    )
 
 
 def summarise(records: list[EpisodeRecord]) -> dict[str, float]:

@@ -4,10 +4,13 @@ observation the request started from."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from std_msgs.msg import Header
 
 from oxygen_ros.sim import language, tasks
 
@@ -67,3 +70,39 @@ def test_furthest_stage_is_the_latest_phase_reported(closed_loop) -> None:
     stages = [(1.0, labels[0]), (2.0, labels[2]), (3.0, labels[1])]
     assert closed_loop.furthest_stage(3, instruction, stages) == (2, labels[2])
     assert closed_loop.furthest_stage(3, instruction, []) == (-1, "")
+
+
+def test_recorded_frames_keep_what_perception_published(closed_loop, tmp_path) -> None:
+    """`--record-frames`: each ObservationFrame's stamp, state (names and values), images and
+    their validity come back from the .npz as published, with what the model said."""
+    from oxygen_ros.msg import ObservationFrame
+    from oxygen_ros.nodes.conversions import rgb_image_msg, seconds_to_time
+
+    rng = np.random.default_rng(0)
+    names = ["left_waist", "target.x"]
+    messages, images = [], []
+    for k in range(3):
+        pixels = rng.integers(0, 256, (2, 4, 4, 3), dtype=np.uint8)
+        images.append(pixels)
+        stamp = seconds_to_time(10.0 + 0.1 * k)
+        messages.append(
+            ObservationFrame(
+                header=Header(stamp=stamp),
+                image_names=["base_0_rgb", "left_wrist_0_rgb"],
+                images=[rgb_image_msg(p, stamp, "world") for p in pixels],
+                image_valid=[True, k != 1],
+                joint_names=names,
+                joint_positions=[0.1 * k, -0.2 * k],
+            )
+        )
+    spoken = [(1, "reach the red cube", 10.1)]
+    path = tmp_path / "frames" / "seed_3.npz"
+    closed_loop.save_frames(path, messages, 9.5, "pick up the red cube", spoken, [])
+    z = np.load(path)
+    np.testing.assert_allclose(z["stamps"], [10.0, 10.1, 10.2])
+    assert list(z["state_names"]) == names and float(z["reset_s"]) == 9.5
+    np.testing.assert_allclose(z["state"], [[0.1 * k, -0.2 * k] for k in range(3)])
+    np.testing.assert_array_equal(z["images"], np.stack(images))
+    assert z["image_valid"].tolist() == [[True, True], [True, False], [True, True]]
+    assert [json.loads(s) for s in z["speech"]] == [list(spoken[0])]
+    assert str(z["instruction"]) == "pick up the red cube" and len(z["memory"]) == 0
