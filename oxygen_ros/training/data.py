@@ -332,6 +332,31 @@ def compute_norm_stats(episodes: Episodes, norm: NormConfig) -> dict[str, normal
     return stats
 
 
+def widen_norm_stats(
+    stats: dict[str, normalize.NormStats], min_range: float
+) -> tuple[dict[str, normalize.NormStats], dict[str, list[int]]]:
+    """`stats` with every dimension narrower than `min_range` widened to it about its centre:
+    the 1-99 % quantiles to `min_range` apart, the standard deviation to `min_range` / 2.
+
+    A dimension the data barely moves (the expert never rolls the forearm: its delta actions
+    span 0.005 rad) otherwise turns a small departure into a huge normalised value (a 0.1 rad
+    correction reads as 40 where the rest lie in [-1, 1]), and a few such rows then carry most
+    of the loss. Returns the new stats and, per key, the dimensions widened."""
+    out, widened = {}, {}
+    for key, s in stats.items():
+        q01, q99 = np.asarray(s.q01, np.float64), np.asarray(s.q99, np.float64)
+        narrow = (q99 - q01) < min_range
+        centre = (q01 + q99) / 2
+        out[key] = normalize.NormStats(
+            mean=np.asarray(s.mean),
+            std=np.maximum(np.asarray(s.std), min_range / 2),
+            q01=np.where(narrow, centre - min_range / 2, q01).astype(np.asarray(s.q01).dtype),
+            q99=np.where(narrow, centre + min_range / 2, q99).astype(np.asarray(s.q99).dtype),
+        )
+        widened[key] = np.flatnonzero(narrow).tolist()
+    return out, widened
+
+
 def language_block(
     tokenizer: Tokenizer, prompt: PromptConfig, texts: dict[str, str], length: int
 ) -> dict[str, np.ndarray]:

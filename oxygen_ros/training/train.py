@@ -106,6 +106,7 @@ class TrainConfig:
     tokenizer_path: str = ""  # "" = the one the preset is sized for (data.preset_tokenizer)
     init_from: str = ""  # checkpoint to start from ("" = random init from `seed`)
     fresh_norm_stats: bool = False  # with init_from: new norm stats, not the checkpoint's
+    min_norm_range: float = 0.0  # > 0: widen narrower state/action dims (widen_norm_stats)
     early_steps: int = 0  # the first early_steps steps of each episode are drawn ...
     early_weight: float = 1.0  # ... this many times as often (the arm is still at home there)
     state_dropout: float = 0.0  # fraction of samples whose prompt carries the home state
@@ -122,6 +123,8 @@ class TrainConfig:
             raise ValueError("need steps >= 2, batch_size >= 1 and eval_every >= 1")
         if self.heldout < 1 or self.eval_samples < 1:
             raise ValueError("need heldout >= 1 episode and eval_samples >= 1")
+        if self.min_norm_range < 0:
+            raise ValueError("need min_norm_range >= 0")
         if self.early_steps < 0 or self.early_weight <= 0:
             raise ValueError("need early_steps >= 0 and early_weight > 0")
         if not 0.0 <= self.state_dropout < 1.0:
@@ -368,11 +371,25 @@ def training_norm_stats(
     every state bin and action scale means to the fine-tuned model what it meant before (new
     data, for example DAgger's off-path rows, would otherwise move the 1-99 % quantiles that
     place the state bins).
+    With `min_norm_range`, then widened (`data.widen_norm_stats`).
 
     Raises:
         ValueError: the starting checkpoint's stats do not fit these episodes' state or action
             width, or it was trained with another delta-action mask.
     """
+    stats = _norm_stats_of(config, train_eps, norm, delta_mask)
+    if config.min_norm_range > 0:
+        stats, widened = _data.widen_norm_stats(stats, config.min_norm_range)
+        logger.info("norm stats: widened to %g: %s", config.min_norm_range, widened)
+    return stats
+
+
+def _norm_stats_of(
+    config: TrainConfig,
+    train_eps: _data.Episodes,
+    norm: NormConfig,
+    delta_mask: tuple[bool, ...],
+) -> dict[str, normalize.NormStats]:
     if not config.init_from or config.fresh_norm_stats:
         return _data.compute_norm_stats(train_eps, norm)
     stats = load_norm_stats(config.init_from, None)

@@ -354,3 +354,33 @@ def test_a_share_of_failed_episodes_is_dropped_when_loading_in_parallel(tmp_path
     np.testing.assert_array_equal(two.state, one.state)
     with pytest.raises(data.NoEpisodesError):
         data.load_episodes_parallel(paths[:2], config, workers=2)
+
+
+def test_widened_norm_stats_bound_a_departure_on_a_dimension_the_data_barely_moves() -> None:
+    """A dimension whose 1-99 % range is 0.005 (the forearm roll's delta actions) turns a 0.1
+    correction into about 40; widened to 0.2 it reads 1, and wider dimensions keep theirs."""
+    from openpi.shared import normalize
+
+    stats = {
+        "state": normalize.NormStats(
+            mean=np.zeros(2), std=np.ones(2), q01=-np.ones(2), q99=np.ones(2)
+        ),
+        "actions": normalize.NormStats(
+            mean=np.array([0.0, 0.1]),
+            std=np.array([0.001, 0.3]),
+            q01=np.array([-0.0025, -0.5]),
+            q99=np.array([0.0025, 0.7]),
+        ),
+    }
+    widened, dims = data.widen_norm_stats(stats, 0.2)
+    assert dims == {"state": [], "actions": [0]}
+    np.testing.assert_allclose(widened["actions"].q01, [-0.1, -0.5])
+    np.testing.assert_allclose(widened["actions"].q99, [0.1, 0.7])
+    np.testing.assert_allclose(widened["actions"].std, [0.1, 0.3])
+    np.testing.assert_array_equal(widened["actions"].mean, stats["actions"].mean)
+    row = np.array([[-0.1, 0.1]])
+    before = Normalizer(stats, NormConfig()).normalize_actions(row)
+    after = Normalizer(widened, NormConfig()).normalize_actions(row)
+    assert abs(before[0, 0]) > 30  # positive control: the narrow range blows the value up
+    assert abs(after[0, 0]) <= 1.0 + 1e-6
+    assert after[0, 1] == pytest.approx(before[0, 1])

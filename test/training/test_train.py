@@ -178,6 +178,18 @@ def test_fine_tuning_keeps_the_starting_checkpoints_norm_stats(trained, demos_di
             np.testing.assert_array_equal(getattr(kept[key], field), getattr(saved[key], field))
     # Positive control: one episode's own statistics are not the training set's.
     assert not np.allclose(fresh[norm.state_key].q99, saved[norm.state_key].q99)
+    # --min-norm-range widens the kept stats' narrow dimensions, and only those (the floor: the
+    # median state span, so that both kinds are there to check).
+    spans = {k: saved[k].q99 - saved[k].q01 for k in (norm.state_key, norm.actions_key)}
+    floor = float(np.median(spans[norm.state_key]))
+    widened = train.training_norm_stats(
+        dataclasses.replace(config, min_norm_range=floor), one, norm, ()
+    )
+    assert (spans[norm.state_key] < floor).any() and (spans[norm.state_key] > floor).any()
+    for key, span in spans.items():
+        new_span = widened[key].q99 - widened[key].q01
+        np.testing.assert_allclose(new_span[span < floor], floor, rtol=1e-5)
+        np.testing.assert_array_equal(new_span[span >= floor], span[span >= floor])
     with pytest.raises(ValueError, match="delta-action mask"):
         train.training_norm_stats(config, one, norm, data.DELTA_ACTION_MASK)
     one.state = np.concatenate([one.state, one.state[..., :3]], axis=-1)  # another object state
