@@ -106,3 +106,21 @@ def test_recorded_frames_keep_what_perception_published(closed_loop, tmp_path) -
     assert z["image_valid"].tolist() == [[True, True], [True, False], [True, True]]
     assert [json.loads(s) for s in z["speech"]] == [list(spoken[0])]
     assert str(z["instruction"]) == "pick up the red cube" and len(z["memory"]) == 0
+
+
+def test_replay_reads_the_words_closed_loop_recorded(closed_loop, tmp_path) -> None:
+    """benchmarks/replay_frames.py takes back what `save_frames` wrote: subtasks and
+    narrations by kind with their observation stamps, and the memory entries."""
+    path = ROOT / "benchmarks" / "replay_frames.py"
+    spec = importlib.util.spec_from_file_location("replay_frames", path)
+    replay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replay)
+    spoken = [(0, "reach the red cube", 10.1), (1, "step 1 of 4 with the left arm", 10.2)]
+    memories = [("the red cube is on the table", 10.3)]
+    out = tmp_path / "seed_1.npz"
+    closed_loop.save_frames(out, [], 9.5, "pick up the red cube", spoken, memories)
+    assert replay.recorded_outputs(np.load(out)) == [
+        ("subtask", "reach the red cube", 10.1),
+        ("narration", "step 1 of 4 with the left arm", 10.2),
+        ("memory", "the red cube is on the table", 10.3),
+    ]
