@@ -260,7 +260,7 @@ class Evaluator:
             for n in nodes
         ]
         self.children = bringup.start_children(nodes, log_dir)
-        rclpy.init()
+        rclpy.init(args=[])  # not sys.argv: rcl would read --ros-arg values as remap rules
         self.node = rclpy.create_node("closed_loop_eval")
         self.executor = SingleThreadedExecutor()
         self.executor.add_node(self.node)
