@@ -5,47 +5,27 @@ shapes, speedup definitions and component bound (benchmarks/oxygen_bench.py)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ROOT / "benchmarks"
-
-
-def _load(name: str):
-    """A benchmarks/ module by path (benchmarks/ is no package); sys.path is restored."""
-    if name in sys.modules:
-        return sys.modules[name]
-    saved = list(sys.path)
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    try:
-        sys.path.insert(0, str(BENCHMARKS))
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved
-    return module
+from benchmark_module import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def full_vocab():
-    return _load("full_vocab")
+    return load_benchmark("full_vocab")
 
 
 @pytest.fixture(scope="module")
 def roofline():
-    return _load("roofline")
+    return load_benchmark("roofline")
 
 
 @pytest.fixture(scope="module")
 def oxygen_bench():
-    return _load("oxygen_bench")
+    return load_benchmark("oxygen_bench")
 
 
 # ------------------------------------------------------------------------------------------
@@ -260,7 +240,7 @@ def test_the_bound_charges_each_admission_the_extend_width_the_runner_uses(oxyge
 def test_state_probe_reads_chunks_in_the_models_action_space() -> None:
     """Delta checkpoints: the state comes off the masked joints, so a model that ignores the
     state shows 0 there and one that keeps the target shows -shift; absolute: unchanged."""
-    probe = _load("state_probe")
+    probe = load_benchmark("state_probe")
     state = np.arange(14, dtype=np.float64)
     chunk = np.tile(state + 1.0, (3, 1))
     mask = (True,) * 6 + (False,) + (True,) * 6 + (False,)
@@ -282,7 +262,7 @@ def test_state_policy_features_targets_and_training() -> None:
     ensemble of `--fits` averaging its members."""
     import jax
 
-    sp = _load("state_policy")
+    sp = load_benchmark("state_policy")
     from oxygen_ros.engine.checkpoint import Normalizer
     from oxygen_ros.training import data
 
@@ -327,7 +307,7 @@ def test_state_policy_features_targets_and_training() -> None:
 def test_state_policy_pinch_features_are_the_workcells_pinch_to_cube_error() -> None:
     """--pinch: per arm, the named cube's tracked (x, y) minus the pinch point's and its height,
     equal (to 0.1 mm: the state is float32) to the workcell's pinch sites at those joints."""
-    sp = _load("state_policy")
+    sp = load_benchmark("state_policy")
     from oxygen_ros.sim import robot, tasks
     from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
 
@@ -352,7 +332,7 @@ def test_state_policy_pinch_features_are_the_workcells_pinch_to_cube_error() -> 
 
 @pytest.fixture(scope="module")
 def privileged():
-    return _load("privileged_policy")
+    return load_benchmark("privileged_policy")
 
 
 def _block_offsets(privileged) -> dict[str, int]:

@@ -3,28 +3,19 @@ observation the request started from."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from benchmark_module import load_benchmark
 from std_msgs.msg import Header
 
 from oxygen_ros.sim import language, tasks
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def closed_loop():
-    path = ROOT / "benchmarks" / "closed_loop.py"
-    spec = importlib.util.spec_from_file_location("closed_loop", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["closed_loop"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("closed_loop")
 
 
 def test_stage_at_takes_the_last_report_not_after_the_stamp(closed_loop) -> None:
@@ -111,10 +102,7 @@ def test_recorded_frames_keep_what_perception_published(closed_loop, tmp_path) -
 def test_replay_reads_the_words_closed_loop_recorded(closed_loop, tmp_path) -> None:
     """benchmarks/replay_frames.py takes back what `save_frames` wrote: subtasks and
     narrations by kind with their observation stamps, and the memory entries."""
-    path = ROOT / "benchmarks" / "replay_frames.py"
-    spec = importlib.util.spec_from_file_location("replay_frames", path)
-    replay = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(replay)
+    replay = load_benchmark("replay_frames")
     spoken = [(0, "reach the red cube", 10.1), (1, "step 1 of 4 with the left arm", 10.2)]
     memories = [("the red cube is on the table", 10.3)]
     out = tmp_path / "seed_1.npz"

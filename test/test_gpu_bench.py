@@ -4,7 +4,6 @@ code path on the CPU with the tiny preset (`--force-cpu-smoke`). Its full-vocabu
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -13,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from benchmark_module import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_bench.py"
@@ -25,14 +25,7 @@ LAST_LINE = re.compile(
 
 @pytest.fixture(scope="module")
 def gpu_bench():
-    saved = list(sys.path)  # the script puts the source tree first; keep this process's order
-    spec = importlib.util.spec_from_file_location("gpu_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved
-    return module
+    return load_benchmark("gpu_bench")
 
 
 def _run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
