@@ -66,8 +66,13 @@ class ChunkGuide:
         self._previous_stamp = 0.0
 
     def reset(self) -> None:
-        """Forgets the previous chunk and the measured delays (a new episode, after warm-up)."""
+        """Forgets the previous chunk and the measured delays (after warm-up)."""
         self._latencies.clear()
+        self.forget_chunk()
+
+    def forget_chunk(self) -> None:
+        """Forgets the previous chunk only (a new task: its plan is not continued; the delays
+        are the machine's and stay)."""
         self._previous = None
 
     @property

@@ -460,6 +460,11 @@ class Engine:
         self.chunk_guide.reset()  # warm-up chunks and latencies are not the robot's
         return compiles.num_compiles() - before
 
+    def new_task(self) -> None:
+        """A new task (instruction, or episode) begins with the next frame: real-time chunking
+        does not continue the previous task's chunk."""
+        self.chunk_guide.forget_chunk()
+
     def _frame(
         self,
         observation: Observation,

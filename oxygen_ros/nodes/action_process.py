@@ -22,7 +22,7 @@ publisher without passing through the parent (whose GIL the engine thread shares
 
 Protocol (pickled tuples, `multiprocessing.connection.Connection` framing):
 - parent -> child: the `ActionProcessConfig` first; then ("hand_off", actions, observation
-  stamp, latency_s, handed_at), ("hold", positions), ("gate", stop reason, engaged) (the
+  stamp, latency_s, handed_at, task), ("hold", positions), ("gate", stop reason, engaged) (the
   lifecycle's "inactive", a canceled task's "canceled": `ActionPublisher.set_stop`), ("stream",
   StreamConfig), ("params", {name: value}), ("diagnostics", request id), ("stop",).
 - child -> parent: ("ready", why the priority was refused or ""), ("reject", reason, message)
@@ -122,10 +122,12 @@ class ActionLink:
         """The child's configuration: the first message."""
         self._send(config)
 
-    def hand_off(self, actions: np.ndarray, observation_stamp: float, latency_s: float) -> None:
+    def hand_off(
+        self, actions: np.ndarray, observation_stamp: float, latency_s: float, task: int = 0
+    ) -> None:
         """Engine thread: the chunk the engine just denoised (see `ActionPublisher.hand_off`)."""
         actions = np.asarray(actions, dtype=np.float32)
-        self._send(("hand_off", actions, observation_stamp, latency_s, self._monotonic()))
+        self._send(("hand_off", actions, observation_stamp, latency_s, self._monotonic(), task))
 
     def set_hold_positions(self, positions: np.ndarray) -> None:
         self._send(("hold", np.asarray(positions, dtype=np.float64)))
@@ -260,8 +262,8 @@ def serve(
                 return
             kind = message[0]
             if kind == "hand_off":
-                _, actions, stamp, latency, handed_at = message
-                publisher.hand_off(actions, stamp, latency, handed_at=handed_at)
+                _, actions, stamp, latency, handed_at, task = message
+                publisher.hand_off(actions, stamp, latency, handed_at=handed_at, task=task)
             elif kind == "hold":
                 publisher.set_hold_positions(message[1])
             elif kind == "gate":

@@ -157,6 +157,7 @@ class HandOff:
     observation_stamp: float  # seconds, the node's clock
     latency_s: float  # observation stamp -> hand-off, seconds (the engine's measure)
     handed_at: float  # monotonic seconds of the hand-off
+    task: int = 0  # the task (instruction) it was inferred for (`ActionStream.offer`)
 
 
 class ActionPublisher:
@@ -212,14 +213,16 @@ class ActionPublisher:
         observation_stamp: float,
         latency_s: float,
         handed_at: float | None = None,
+        task: int = 0,
     ) -> None:
         """Engine thread: a chunk the engine just denoised; the publisher thread offers and
         publishes it at once. Feeds the watchdog when the observation was fresh. `handed_at`:
         monotonic time of the engine's hand-off when it happened elsewhere (another process:
-        `action_process`); default now."""
+        `action_process`); default now. `task`: the instruction it was inferred for (a chunk
+        of a new one does not continue the previous chunk: `ActionStream`)."""
         if handed_at is None:
             handed_at = self._monotonic()
-        handed = HandOff(actions, observation_stamp, latency_s, handed_at)
+        handed = HandOff(actions, observation_stamp, latency_s, handed_at, task)
         with self._cond:
             if latency_s <= self._params["watchdog_timeout_s"]:
                 self._watchdog.feed(observation_stamp + latency_s)
@@ -352,6 +355,7 @@ class ActionPublisher:
                     handed.latency_s,
                     now,
                     measured=self._measured(),
+                    task=handed.task,
                 )
             except RejectedChunkError as exc:
                 rejected = exc

@@ -26,6 +26,12 @@ Invariants:
   times: `replace` switches at once; `blend` moves the weight of the new chunk linearly from
   1 / (N + 1) to 1 over `blend_steps` = N rows. Rows after the previous chunk's end are the
   new chunk's own values.
+- Every chunk belongs to a task (`offer(task=...)`: the engine thread counts instructions). A
+  chunk of another task than the live one neither blends with it nor starts its velocity limits
+  from it: it starts from the measured joint state, as the first chunk does. The previous
+  task's plan is no guide to the new one, and after an episode reset (the robot put back at its
+  rest pose) blending with it would drive the arms back towards where the last episode left
+  them.
 """
 
 from __future__ import annotations
@@ -97,6 +103,7 @@ class TimedChunk:
     rows: np.ndarray  # float32 [A, J], read-only
     observation_stamp: float  # stamp of the observation it was inferred from
     latency_s: float  # seconds from the observation stamp until the chunk was ready
+    task: int = 0  # the task (instruction) it was inferred for
 
     @property
     def end(self) -> float:
@@ -141,6 +148,7 @@ class StreamCounters:
     chunks_stale: int = 0  # refused because the observation was already too old
     chunks_position_clamped: int = 0  # accepted chunks with at least one position clamp
     chunks_velocity_clamped: int = 0  # accepted chunks with at least one velocity clamp
+    chunks_new_task: int = 0  # accepted chunks that did not continue a live one of another task
 
 
 class ActionStream:
@@ -173,6 +181,7 @@ class ActionStream:
         latency_s: float,
         now: float,
         measured: np.ndarray | None = None,
+        task: int = 0,
     ) -> TimedChunk:
         """Aligns, blends and clamps a new chunk and makes it current.
 
@@ -182,7 +191,9 @@ class ActionStream:
             latency_s: Seconds from the observation until the chunk was ready.
             now: Current time, seconds.
             measured: float [J], the joint state of that observation: where the velocity
-                limits start from when no previous chunk is live (None: unlimited start).
+                limits start from when no previous chunk of the same task is live (None:
+                unlimited start).
+            task: The task (instruction) the chunk was inferred for.
 
         Returns:
             The chunk as it will be published.
@@ -213,12 +224,17 @@ class ActionStream:
         first = math.ceil((now - start) / cfg.dt - TIME_EPS)
         first = min(max(first, 0), len(rows))
         old = self._live_previous(now)
+        if old is not None and old.task != task:
+            old = None  # another task's plan: start from the measured state
+            self.counters.chunks_new_task += 1
         if old is not None:
             self._blend(rows, start, first, old)
             before = old.sample(start + (first - 1) * cfg.dt)
         else:
             before = None if measured is None else self._checked(measured)
-        chunk = self._clamp_and_keep(rows, start, first, before, observation_stamp, latency_s)
+        chunk = self._clamp_and_keep(
+            rows, start, first, before, observation_stamp, latency_s, task=task
+        )
         self._next_id += 1
         return chunk
 
@@ -227,7 +243,10 @@ class ActionStream:
         through the same clamps as a model chunk, observation stamp `now`, `HOLD_CHUNK_ID`."""
         held = self._checked(measured)
         rows = np.tile(held, (max(horizon, 1), 1))
-        return self._clamp_and_keep(rows, now, 0, held, now, 0.0, chunk_id=HOLD_CHUNK_ID)
+        task = self._current.task if self._current is not None else 0  # the hold continues it
+        return self._clamp_and_keep(
+            rows, now, 0, held, now, 0.0, chunk_id=HOLD_CHUNK_ID, task=task
+        )
 
     def _checked(self, measured: np.ndarray) -> np.ndarray:
         values = np.asarray(measured, dtype=np.float64).reshape(-1)
@@ -246,6 +265,7 @@ class ActionStream:
         observation_stamp: float,
         latency_s: float,
         chunk_id: int | None = None,
+        task: int = 0,
     ) -> TimedChunk:
         pos_clamped = self._clamp_positions(rows)
         if before is not None:  # a pose outside the limits: start from the nearest limit
@@ -257,7 +277,9 @@ class ActionStream:
         out = rows.astype(np.float32)
         out.flags.writeable = False
         chunk_id = self._next_id if chunk_id is None else chunk_id
-        chunk = TimedChunk(chunk_id, start, self.config.dt, out, observation_stamp, latency_s)
+        chunk = TimedChunk(
+            chunk_id, start, self.config.dt, out, observation_stamp, latency_s, task
+        )
         self.counters.chunks_accepted += int(chunk_id != HOLD_CHUNK_ID)
         self._current = chunk
         return chunk

@@ -37,6 +37,10 @@ Invariants:
   can); the loop serves on.
 - The hand-off costs the engine thread a lock and a notify, or one write to the action
   process's socket (no message is built there).
+- Each instruction is a task (`FrameInbox.set_prompt` counts them, also one repeated word for
+  word: a new episode). A chunk is handed off with the task of its frame's prompt, so the action
+  stream does not continue the previous task's chunk, and before the first frame of a new task
+  the engine forgets the chunk real-time chunking would continue (`Engine.new_task`).
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ class ChunkSink(Protocol):
     """Where the engine thread hands chunks (`ActionPublisher`, `action_process.ActionLink`)."""
 
     def hand_off(
-        self, actions: np.ndarray, observation_stamp: float, latency_s: float
+        self, actions: np.ndarray, observation_stamp: float, latency_s: float, task: int = 0
     ) -> None: ...
 
     def set_hold_positions(self, positions: np.ndarray) -> None: ...
@@ -145,6 +149,7 @@ class Pickup:
     sent_wall_s: float = math.nan
     received_wall_s: float = math.nan
     arrival_wall_s: float = math.nan
+    task: int = 0  # the prompt's task number (`FrameInbox.set_prompt` counts them)
 
 
 class FrameInbox:
@@ -171,6 +176,7 @@ class FrameInbox:
         self._trip = (math.nan, math.nan, math.nan)  # its sent, received, arrival (wall)
         self._intervals: collections.deque[float] = collections.deque(maxlen=ARRIVAL_HISTORY)
         self._prompt = prompt
+        self._task = 0  # prompts set so far (each instruction is a task)
         self.waiting_for_arrival = False  # `take` is in the pick-up policy's wait
 
     @property
@@ -194,8 +200,11 @@ class FrameInbox:
             self._cond.notify_all()
 
     def set_prompt(self, prompt: str) -> None:
+        """A new instruction: the prompt of the frames taken from now on, and a new task (also
+        when the words are the same as before: a new episode of the same instruction)."""
         with self._cond:
             self._prompt = prompt
+            self._task += 1
 
     def wake(self) -> None:
         """Makes a waiting `take` look again (new requests, shutdown)."""
@@ -253,6 +262,7 @@ class FrameInbox:
                 policy_wait,
                 outcome,
                 *self._trip,
+                task=self._task,
             )
 
     def drop(self, key: int) -> None:
@@ -302,6 +312,7 @@ class EngineLoop:
         self.state = "loading"  # loading | ready | failed
         self.started = threading.Event()  # set when `state` leaves "loading"
         self.counters: collections.Counter[str] = collections.Counter()
+        self._task = 0  # the task (FrameInbox.set_prompt's count) of the last frame run
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self.run, name="engine", daemon=True)
         self._engine_stats: dict[str, object] = {}
@@ -445,12 +456,16 @@ class EngineLoop:
         started = self._clock()
         self._handoff_s = math.nan
         try:
+            if pickup.task != self._task:
+                engine.new_task()  # the previous instruction's chunk is not continued
+                self._task = pickup.task
+                self.counters["tasks"] += 1
             for request_id in self._queue.take_aborts():
                 engine.abort(request_id)  # its final (aborted) output comes with this step
             self._book.admit(requests, observation.stamp, prompt)
             step_start = self._monotonic()
             result = engine.step(
-                observation, requests, on_actions=lambda r: self._hand_off(r, fault)
+                observation, requests, on_actions=lambda r: self._hand_off(r, fault, pickup.task)
             )
             if fault == "engine_exception":
                 raise InjectedFaultError("fault_injection=engine_exception (test only)")
@@ -468,14 +483,14 @@ class EngineLoop:
                 self._on_finished(finished)
         self._previous = (self._handoff_s, self._monotonic())
 
-    def _hand_off(self, result: ActionResult, fault: str) -> None:
+    def _hand_off(self, result: ActionResult, fault: str, task: int) -> None:
         """`on_actions`: in the engine thread, before the frame's language work."""
         self._handoff_s = self._monotonic()
         actions = result.actions
         if fault == "nan_chunk":  # test only: one NaN poisons the whole chunk
             actions = np.array(actions, dtype=np.float32, copy=True)
             actions[len(actions) // 2, 0] = np.nan
-        self._publisher.hand_off(actions, result.observation_stamp, result.latency_s)
+        self._publisher.hand_off(actions, result.observation_stamp, result.latency_s, task)
 
     def _decode(self, data: bytes, key: int, requests: list[LanguageRequest], prompt: str):
         """The frame as an `Observation`, or None (rejected and dropped)."""

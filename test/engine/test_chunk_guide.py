@@ -66,6 +66,15 @@ def test_time_going_back_or_no_overlap_means_no_guidance() -> None:
     assert guide.plan(5.1, np.zeros(JOINTS)).max_guidance == 0.0
 
 
+def test_a_new_task_forgets_the_chunk_but_keeps_the_measured_delay() -> None:
+    guide = _guide(max_guidance=3.0)
+    guide.record(_chunk(), 5.0, 0.25)
+    assert guide.plan(5.1, np.zeros(JOINTS)).max_guidance == 3.0  # control: it continues it
+    guide.forget_chunk()
+    assert guide.plan(5.1, np.zeros(JOINTS)).max_guidance == 0.0
+    assert guide.delay_s == 0.25  # the machine's, not the task's
+
+
 def test_delta_checkpoints_get_the_target_relative_to_the_new_state_then_normalised() -> None:
     stats = {
         "state": normalize.NormStats(

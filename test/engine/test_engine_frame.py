@@ -274,3 +274,18 @@ def test_real_time_chunking_continues_the_previous_chunk_without_recompiling(tin
     # Measured: 0.22 against 6.6 (and 0.17 for the third chunk): a quarter is a wide margin.
     assert guided_gap < 0.25 * plain_gap, (guided_gap, plain_gap)
     assert np.abs(third[:6] - second[1:7]).max() < 0.25 * plain_gap
+
+
+def test_new_task_stops_real_time_chunking_continuing_the_last_chunk(tiny_model) -> None:
+    """`Engine.new_task` (the inference node calls it before a new instruction's first frame):
+    the next chunk is not guided by the previous task's. Control: without it, it is."""
+    dt = 0.04
+    rtc = RtcConfig(enabled=True, row_dt_s=dt, max_guidance=5.0)
+    readings = iter([10.1, 10.2])
+    engine = Engine(make_engine_config(rtc=rtc), model=tiny_model, clock=lambda: next(readings))
+    engine.step(make_observation(6, stamp=10.0))
+    nxt = make_observation(6, stamp=10.0 + dt)
+    assert engine.chunk_guide.plan(nxt.stamp, nxt.state).max_guidance == 5.0
+    engine.new_task()
+    assert engine.chunk_guide.plan(nxt.stamp, nxt.state).max_guidance == 0.0
+    assert engine.chunk_guide.delay_s == pytest.approx(0.1)  # the measured delay stays

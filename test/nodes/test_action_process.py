@@ -153,6 +153,19 @@ def test_hand_off_reaches_the_child_with_the_parents_hand_off_time() -> None:
         p.close()
 
 
+def test_hand_off_carries_its_task_to_the_childs_stream(pair) -> None:
+    """A chunk's task crosses the socket: the child's stream starts a chunk of a new task
+    afresh (`actions.chunks_new_task`); control: a second chunk of that task continues it."""
+    now = pair.clock.node()
+    for task, stamp in ((1, now), (2, now + 0.01), (2, now + 0.02)):
+        pair.link.hand_off(rows(0.25), stamp, 0.0, task=task)
+        pair.applied()
+        pair.pub.service()
+    values = pair.applied()
+    assert values["actions.chunks_accepted"] == 3
+    assert values["actions.chunks_new_task"] == 1
+
+
 def test_messages_apply_in_order_params_stream_and_hold_go_live(pair) -> None:
     pair.link.hand_off(rows(), pair.clock.node(), 0.0)
     pair.link.set_params({"watchdog_policy": "hold", "action_rate_hz": 4.0})

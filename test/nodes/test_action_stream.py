@@ -190,6 +190,34 @@ def test_measured_pose_ignored_while_a_previous_chunk_is_live() -> None:
     np.testing.assert_allclose(chunk.rows[0], [0.1, 0.1], atol=1e-6)
 
 
+def test_a_new_tasks_chunk_starts_from_the_measured_pose_not_the_live_chunk() -> None:
+    """After a new instruction (or an episode reset: the robot back at its rest pose) the live
+    chunk is the previous task's plan: the new task's first chunk neither blends with it nor
+    starts its velocity limits from it. Control: the same offer within the task is pulled
+    towards the live chunk (blend and limits), which is what drove the arms back towards the
+    last episode's pose after a reset."""
+
+    def offer_after_live(task: int) -> tuple[np.ndarray, ActionStream]:
+        s = stream(blend_mode="blend", blend_steps=3, max_velocity=(1.0, 1.0))
+        s.offer(np.full((10, 2), 2.0, np.float32), 10.0, 0.0, now=10.0, task=1)  # last pose
+        rest = np.zeros(2)  # measured: the robot was put back at rest
+        chunk = s.offer(np.zeros((10, 2), np.float32), 10.2, 0.0, now=10.2, measured=rest,
+                        task=task)  # fmt: skip
+        return chunk.rows, s
+
+    same, s_same = offer_after_live(task=1)
+    assert same[0, 0] > 1.5  # blended with and limited from the live chunk (at 2.0)
+    assert s_same.counters.chunks_new_task == 0
+    new, s_new = offer_after_live(task=2)
+    np.testing.assert_array_equal(new, 0.0)  # its own rows, from the measured rest pose
+    assert s_new.counters.chunks_new_task == 1 and s_new.current.task == 2
+    # A hold continues the task it holds: the next chunk of that task starts from the hold.
+    s_new.offer_hold(np.array([0.5, 0.5]), now=10.3, horizon=4)
+    assert s_new.current.task == 2
+    nxt = s_new.offer(np.zeros((10, 2), np.float32), 10.4, 0.0, now=10.4, task=2)
+    np.testing.assert_allclose(nxt.rows[0], [0.4, 0.4], atol=1e-6)
+
+
 def test_hold_is_a_clamped_chunk_of_the_measured_pose_and_the_next_chunk_starts_from_it() -> None:
     s = stream(position_lower=(-1.0, -1.0), position_upper=(1.0, 1.0), max_velocity=(1.0, 1.0))
     hold = s.offer_hold(np.array([2.0, 0.25]), now=3.0, horizon=4)

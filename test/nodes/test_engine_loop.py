@@ -72,9 +72,13 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.events: list[str] = []
         self.stepped = threading.Event()
+        self.new_tasks = 0  # `new_task` calls
 
     def warmup(self) -> int:
         return 0
+
+    def new_task(self) -> None:
+        self.new_tasks += 1
 
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
@@ -104,11 +108,13 @@ class FakeEngine:
 class FakePublisher:
     def __init__(self, events: list[str] | None = None) -> None:
         self.handed: list[tuple[np.ndarray, float, float]] = []
+        self.tasks: list[int] = []  # the task of each chunk handed over
         self.hold: np.ndarray | None = None
         self.events = events
 
-    def hand_off(self, actions, observation_stamp, latency_s) -> None:
+    def hand_off(self, actions, observation_stamp, latency_s, task=0) -> None:
         self.handed.append((np.array(actions), observation_stamp, latency_s))
+        self.tasks.append(task)
         if self.events is not None:
             self.events.append("hand_off")
 
@@ -301,6 +307,26 @@ def test_inbox_keeps_only_the_newest_frame() -> None:
     assert taken(inbox.take(lambda: False, stop, 0.0)) == (b"2", 2, "q")
     assert inbox.take(lambda: False, stop, 0.0) is None  # used, nothing queued
     assert taken(inbox.take(lambda: True, stop, 0.0)) == (b"2", 2, "q")  # requests reuse it
+
+
+def test_each_instruction_is_a_task_the_chunks_carry_and_the_engine_hears_of() -> None:
+    """`set_prompt` starts a task, also with the same words (a new episode of the same
+    instruction); chunks are handed off with their frame's task, and the engine's `new_task`
+    runs once before the first frame of each new task, not on the frames after it."""
+    engine = FakeEngine()
+    rig = Rig(engine)
+    rig.run_frame(99.8)
+    rig.run_frame(99.85)
+    assert rig.publisher.tasks == [0, 0] and engine.new_tasks == 0  # no instruction yet
+    rig.inbox.set_prompt("pick the cup")  # the same words as the start-up prompt
+    rig.run_frame(99.9)
+    rig.run_frame(99.95)
+    assert rig.publisher.tasks == [0, 0, 1, 1] and engine.new_tasks == 1
+    rig.inbox.set_prompt("pick the cup")
+    rig.inbox.set_prompt("put it down")  # two before a frame ran: one new task for the engine
+    rig.run_frame(100.0)
+    assert rig.publisher.tasks == [0, 0, 1, 1, 3] and engine.new_tasks == 2
+    assert rig.loop.counters["tasks"] == 2
 
 
 def taken(pickup: Pickup | None) -> tuple[bytes, int, str] | None:
