@@ -41,6 +41,12 @@ Invariants:
   word: a new episode). A chunk is handed off with the task of its frame's prompt, so the action
   stream does not continue the previous task's chunk, and before the first frame of a new task
   the engine forgets the chunk real-time chunking would continue (`Engine.new_task`).
+- A frame observed before the current instruction arrived (stamped at or before the node's
+  clock then, by at most `max_chunk_age_s`: further back means the clock itself went back) is
+  not run under it: dropped and counted (`frames_before_instruction`), its requests back in
+  the queue. A workcell episode reset publishes the new instruction, and the last frames of the
+  old episode (the arms where it left them) still arrive after it: a chunk planned from them
+  for the new task would start from the old pose.
 """
 
 from __future__ import annotations
@@ -150,6 +156,7 @@ class Pickup:
     received_wall_s: float = math.nan
     arrival_wall_s: float = math.nan
     task: int = 0  # the prompt's task number (`FrameInbox.set_prompt` counts them)
+    task_since: float = -math.inf  # the node's clock when that prompt was set
 
 
 class FrameInbox:
@@ -177,6 +184,7 @@ class FrameInbox:
         self._intervals: collections.deque[float] = collections.deque(maxlen=ARRIVAL_HISTORY)
         self._prompt = prompt
         self._task = 0  # prompts set so far (each instruction is a task)
+        self._task_since = -math.inf  # the node's clock when the prompt was set
         self.waiting_for_arrival = False  # `take` is in the pick-up policy's wait
 
     @property
@@ -202,9 +210,11 @@ class FrameInbox:
     def set_prompt(self, prompt: str) -> None:
         """A new instruction: the prompt of the frames taken from now on, and a new task (also
         when the words are the same as before: a new episode of the same instruction)."""
+        since = self._clock()
         with self._cond:
             self._prompt = prompt
             self._task += 1
+            self._task_since = since
 
     def wake(self) -> None:
         """Makes a waiting `take` look again (new requests, shutdown)."""
@@ -263,6 +273,7 @@ class FrameInbox:
                 outcome,
                 *self._trip,
                 task=self._task,
+                task_since=self._task_since,
             )
 
     def drop(self, key: int) -> None:
@@ -448,6 +459,11 @@ class EngineLoop:
         self._count_pickup(pickup)
         observation = self._decode(pickup.data, pickup.key, requests, pickup.prompt)
         if observation is None:
+            return
+        if 0.0 <= pickup.task_since - observation.stamp <= self._params["max_chunk_age_s"]:
+            self.counters["frames_before_instruction"] += 1  # not a fault: no warning
+            self._inbox.drop(pickup.key)
+            self._queue.requeue(requests)
             return
         prompt = pickup.prompt
         decoded = self._monotonic()

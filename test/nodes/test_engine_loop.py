@@ -318,15 +318,41 @@ def test_each_instruction_is_a_task_the_chunks_carry_and_the_engine_hears_of() -
     rig.run_frame(99.8)
     rig.run_frame(99.85)
     assert rig.publisher.tasks == [0, 0] and engine.new_tasks == 0  # no instruction yet
-    rig.inbox.set_prompt("pick the cup")  # the same words as the start-up prompt
-    rig.run_frame(99.9)
-    rig.run_frame(99.95)
+    rig.inbox.set_prompt("pick the cup")  # the same words as the start-up prompt, at 100.0
+    rig.now = 100.2
+    rig.run_frame(100.1)
+    rig.run_frame(100.15)
     assert rig.publisher.tasks == [0, 0, 1, 1] and engine.new_tasks == 1
     rig.inbox.set_prompt("pick the cup")
     rig.inbox.set_prompt("put it down")  # two before a frame ran: one new task for the engine
-    rig.run_frame(100.0)
+    rig.run_frame(100.25)
     assert rig.publisher.tasks == [0, 0, 1, 1, 3] and engine.new_tasks == 2
     assert rig.loop.counters["tasks"] == 2
+
+
+def test_a_frame_observed_before_the_instruction_is_not_run_under_it() -> None:
+    """After an episode reset the old episode's last frames arrive after the new instruction:
+    they are dropped (counted, no warning), their requests wait for the next frame, and the
+    new task starts from a frame observed after the instruction (control: that one runs).
+    A frame from before the task start by more than max_chunk_age_s means the clock went back
+    (a restarted simulator): that one runs."""
+    engine = FakeEngine()
+    rig = Rig(engine)
+    rig.inbox.set_prompt("pick the cup")  # arrives at 100.0
+    (rid,) = rig.submit(RequestKind.SUBTASK)
+    rig.now = 100.05
+    rig.run_frame(99.95)  # observed before the instruction, arrived after it
+    rig.run_frame(100.0)  # observed at its arrival: not after it
+    assert engine.steps == [] and rig.publisher.handed == []
+    assert rig.loop.counters["frames_before_instruction"] == 2 and rig.rejected == []
+    assert rig.queue.num_queued == 1
+    rig.now = 100.15
+    rig.run_frame(100.1)  # positive control
+    assert engine.steps == [(100.1, [rid])] and rig.publisher.tasks == [1]
+    rig.now = 10.05  # the clock went back by far more than max_chunk_age_s (2.0)
+    rig.run_frame(10.0)
+    assert [s for s, _ in engine.steps] == [100.1, 10.0]
+    assert rig.loop.counters["frames_before_instruction"] == 2
 
 
 def taken(pickup: Pickup | None) -> tuple[bytes, int, str] | None:
