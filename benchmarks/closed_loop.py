@@ -12,6 +12,9 @@ from what the graph publishes:
   sim-time stamps, arm joints, rad/s^3: mean of |jerk| and its max), and the jump at chunk
   boundaries (a new chunk's first row against the previous chunk at the same time, max over
   joints);
+- the idle arm's start: the largest move of the arm the task does not use (joints, grippers
+  left out) in the first `START_WINDOW_S` after the reset (the start-of-episode pull towards
+  the last episode's pose showed here);
 - with `--policy model`: language accuracy. Each finished subtask and narration request (final
   SpeechToken) and each memory entry is compared with what the phase the simulator state was
   in at the observation it was started from calls for (`sim.language.targets`: the stage label
@@ -47,6 +50,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 STRIP_TIMES_S = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0)  # sim seconds after the reset
+START_WINDOW_S = 0.5  # sim seconds after the reset the idle arm's start move is measured over
 STARTUP_TIMEOUT_S = 300.0  # the inference node compiles the model at start
 # --scheduler name -> inference (scheduler_mode, scheduler_policy)
 SCHEDULERS = {
@@ -119,6 +123,7 @@ class EpisodeRecord:
     spoken_examples: tuple[str, ...] = ()  # a few "kind@t: said | expected" lines
     furthest_stage: int = -1  # index of the furthest phase the sim state reached (-1: none)
     furthest_stage_label: str = ""
+    idle_arm_start_move_rad: float = float("nan")  # `idle_arm_start_move`
 
 
 def _seconds(stamp) -> float:
@@ -152,6 +157,27 @@ def chunk_jumps(chunks: list[tuple[int, float, float, np.ndarray]]) -> list[floa
         if previous is None or chunk_id != previous[0]:
             previous = (chunk_id, start, dt, rows)
     return jumps
+
+
+def idle_arm_start_move(
+    joint_names: list[str],
+    stamps: np.ndarray,
+    positions: np.ndarray,
+    task_arm: str,
+    window_s: float = START_WINDOW_S,
+) -> float:
+    """The largest |move| from the first sample of the joints of the arm that is not
+    `task_arm` (grippers left out) over the samples within `window_s` of the first; NaN
+    without samples. stamps [T] sim seconds of this episode, positions [T, J]."""
+    idle = [
+        i
+        for i, n in enumerate(joint_names)
+        if not n.startswith(f"{task_arm}_") and not n.endswith("gripper")
+    ]
+    if not len(stamps) or not idle:
+        return float("nan")
+    early = positions[stamps <= stamps[0] + window_s][:, idle]
+    return float(np.abs(early - early[0]).max())
 
 
 def stage_at(stages: list[tuple[float, str]], stamp: float) -> str:
@@ -459,9 +485,15 @@ class Evaluator:
         joints = sorted({s: q for s, q in joints if s > reset_s}.items())
         arm = [i for i, n in enumerate(self.joint_names) if not n.endswith("gripper")]
         jerk = np.zeros((0, len(arm)))
+        idle_move = float("nan")
         if joints:
             stamps = np.array([s for s, _ in joints])
-            jerk = joint_jerk(stamps, np.array([q for _, q in joints])[:, arm])
+            positions = np.array([q for _, q in joints])
+            jerk = joint_jerk(stamps, positions[:, arm])
+            from oxygen_ros.sim import tasks
+
+            task_arm = tasks.sample_episode(seed, status.instruction).arm
+            idle_move = idle_arm_start_move(self.joint_names, stamps, positions, task_arm)
         jumps = chunk_jumps(chunks)
         language = score_language(seed, status.instruction, reset_s, stages, spoken, memories)
         furthest, label = furthest_stage(seed, status.instruction, stages)
@@ -491,6 +523,7 @@ class Evaluator:
             chunks=len({c[0] for c in chunks}),
             furthest_stage=furthest,
             furthest_stage_label=label,
+            idle_arm_start_move_rad=idle_move,
             **language,
         )
 
@@ -561,6 +594,10 @@ def summarise(records: list[EpisodeRecord]) -> dict[str, float]:
         values = [v for v in values if np.isfinite(v)]
         return float(np.mean(values)) if values else float("nan")
 
+    def median(values):
+        values = [v for v in values if np.isfinite(v)]
+        return float(np.median(values)) if values else float("nan")
+
     def ratio(hits: str, total: str) -> float:
         count = sum(getattr(r, total) for r in records)
         return sum(getattr(r, hits) for r in records) / count if count else float("nan")
@@ -577,6 +614,7 @@ def summarise(records: list[EpisodeRecord]) -> dict[str, float]:
             max((r.jerk_max for r in records if np.isfinite(r.jerk_max)), default=float("nan"))
         ),
         "chunk_jump_mean": mean([r.chunk_jump_mean for r in records]),
+        "idle_arm_start_move_rad_median": median([r.idle_arm_start_move_rad for r in records]),
         "chunk_jump_max": float(
             max(
                 (r.chunk_jump_max for r in records if np.isfinite(r.chunk_jump_max)),

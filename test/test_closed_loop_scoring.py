@@ -112,3 +112,16 @@ def test_replay_reads_the_words_closed_loop_recorded(closed_loop, tmp_path) -> N
         ("narration", "step 1 of 4 with the left arm", 10.2),
         ("memory", "the red cube is on the table", 10.3),
     ]
+
+
+def test_idle_arm_start_move_is_the_other_arms_largest_early_move(closed_loop) -> None:
+    names = ["left_waist", "left_gripper", "right_waist", "right_gripper"]
+    stamps = np.array([10.0, 10.2, 10.5, 10.7])
+    positions = np.array(
+        [[0.0, 0.0, 0.0, 0.0], [0.1, 0.9, 0.0, 0.9], [-0.3, 0.9, 0.05, 0.9], [2.0, 0.0, 2.0, 0.0]]
+    )
+    # Task arm right: the left arm's waist, 0.3 by 10.5 (the 2.0 at 10.7 is after the window,
+    # grippers never count).
+    assert closed_loop.idle_arm_start_move(names, stamps, positions, "right") == pytest.approx(0.3)
+    assert closed_loop.idle_arm_start_move(names, stamps, positions, "left") == pytest.approx(0.05)
+    assert np.isnan(closed_loop.idle_arm_start_move(names, stamps[:0], positions[:0], "left"))
