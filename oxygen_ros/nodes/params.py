@@ -156,6 +156,11 @@ def topic_name(v: str) -> str | None:
     return None
 
 
+def optional_topic_name(v: str) -> str | None:
+    """A topic name, or '' (off)."""
+    return topic_name(v) if v else None
+
+
 # ---------------------------------------------------------------------------------- tables
 SHARED: tuple[ParamSpec, ...] = (
     ParamSpec(
@@ -463,6 +468,15 @@ PERCEPTION: tuple[ParamSpec, ...] = (
         "only images taken after it) and, with cube_state 'target', names its cube",
         "str",
         check=topic_name,
+    ),
+    ParamSpec(
+        "episode_status_topic",
+        "",
+        "with cube_state_camera: the workcell simulator's (latched) EpisodeStatus; each new "
+        "episode's reset starts a task for the cube state too, and a task starts no earlier "
+        "than the newest reset, so an image from before a reset never enters it ('' = off)",
+        "str",
+        check=optional_topic_name,
     ),
 )
 PERCEPTION_CAMERA: tuple[ParamSpec, ...] = (
@@ -849,7 +863,7 @@ INFERENCE: tuple[ParamSpec, ...] = (
         "oxygen_ros/EpisodeStatus topic whose success, rising while an Instruct goal runs, "
         "ends it SUCCEEDED ('' = none: goals end by time limit, cancel or a newer one)",
         "str",
-        check=lambda v: None if v == "" else topic_name(v),
+        check=optional_topic_name,
     ),
     ParamSpec("speech_topic", "oxygen/speech", "SpeechToken topic", "str", check=topic_name),
     ParamSpec("memory_topic", "oxygen/memory", "MemoryEntry topic", "str", check=topic_name),

@@ -42,8 +42,14 @@ Invariants:
   instruction in use; the same text again is a new task too) starts a new task for the cube
   state, as each training episode starts a fresh one: the tracker begins afresh (the poses'
   `moved_x`, `moved_y` count from the cubes' places in the task's first view), and no frame is
-  built from a cube-camera image stamped before the instruction arrived
+  built from a cube-camera image stamped at or before the task's start
   (`skipped.cube_image_before_task`), so a layout from before the task never enters it.
+- With `episode_status_topic` (the workcell simulator's EpisodeStatus), each new episode's
+  reset (its stamp minus elapsed_s) starts a task too, and a task starts no earlier than the
+  newest reset (`perception.task_window`): the node's clock may lag the simulator's when the
+  instruction arrives, and the last image before a reset carries the reset's own stamp. A
+  reset the node learns of after its tracker saw an image from before it restarts the tracker
+  (`cube_state.restarted_at_reset`); the instructed target is kept.
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 
 from oxygen_ros.engine.config import get_model_config
-from oxygen_ros.msg import ObservationFrame
+from oxygen_ros.msg import EpisodeStatus, ObservationFrame
 from oxygen_ros.nodes import params as P
 from oxygen_ros.nodes.conversions import observation_frame_msg, time_to_seconds
 from oxygen_ros.nodes.fusion import (
@@ -87,6 +93,7 @@ from oxygen_ros.nodes.runtime import (
     run_node,
 )
 from oxygen_ros.nodes.sliding_window import SlidingWindow
+from oxygen_ros.perception.task_window import TaskWindow
 
 THROTTLE_S = 5.0  # at most one warning per call site per this many seconds
 RATE_WINDOW_S = 2.0
@@ -134,7 +141,8 @@ class PerceptionNode(Node):
             if p["cube_state"] != "positions":  # poses, reach: the joints are read too
                 self._cube_joints = self._workcell_joint_columns(p["joint_names"], p["cube_state"])
             self._cube_state = workcell_cubes.object_state(p["cube_state"])
-        self._task_start = -float("inf")  # node time the newest instruction arrived at
+        self._window = TaskWindow()  # when the cube state's task began (sim time)
+        self._episode_id = 0  # the newest episode the status reported (0: none)
         self._out_size = get_model_config(p["model_preset"]).image_resolution  # (rows, cols)
         self._converted: dict[str, tuple[float, np.ndarray]] = {}  # camera -> (stamp, image)
         self.counters: collections.Counter[str] = collections.Counter()
@@ -172,6 +180,13 @@ class PerceptionNode(Node):
                 lambda msg: self._guarded(self._on_instruction, msg),
                 LATCHED_QOS,
             )
+            if p["episode_status_topic"]:
+                self.create_subscription(
+                    EpisodeStatus,
+                    p["episode_status_topic"],
+                    lambda msg: self._guarded(self._on_episode_status, msg),
+                    LATCHED_QOS,
+                )
         self._frame_timer = self.create_timer(1.0 / p["observation_rate_hz"], self._on_frame_tick)
         self._diag_timer = self.create_timer(self._diag_period(), self._publish_diagnostics)
         self.params.add_listener(self._on_params)
@@ -365,12 +380,27 @@ class PerceptionNode(Node):
         target` the cube the instruction names is its target (one that names none leaves the
         frames without a target, warned, throttled)."""
         self._cube_state = self._task_cube_state(msg.data)
-        self._task_start = now_s(self)
+        self._window.on_instruction(now_s(self))
         self.counters["cube_state.tasks"] += 1
         message = f"new task for the cube state ({msg.data[:80]!r})"
         if self.params["cube_state"] == "target":
             message += f", target {self._cube_state.target}"
         self.get_logger().info(message)
+
+    def _on_episode_status(self, msg: EpisodeStatus) -> None:
+        """A new episode's first status: its reset starts the cube state's task no later than
+        the reset (the tracker afresh, same target, if it began before or saw the old world)."""
+        if msg.phase == EpisodeStatus.PHASE_IDLE or msg.episode_id == self._episode_id:
+            return  # before the first episode, or one already handled (latched again)
+        self._episode_id = msg.episode_id
+        self.counters["cube_state.resets"] += 1
+        if self._window.on_reset(time_to_seconds(msg.header.stamp) - msg.elapsed_s):
+            from oxygen_ros.perception import workcell_cubes
+
+            kind = self.params["cube_state"]
+            target = self._cube_state.target if kind == "target" else None
+            self._cube_state = workcell_cubes.object_state(kind, target)
+            self.counters["cube_state.restarted_at_reset"] += 1
 
     def _task_cube_state(self, text: str):
         """A fresh cube state for the task `text`; the target state's target is the workcell
@@ -393,7 +423,9 @@ class PerceptionNode(Node):
     def _cube_image_before_task(self, frame) -> bool:
         """Whether the frame's cube-camera image was taken before the current task began."""
         index = frame.slots.index(self._cube_camera.slot)
-        return frame.payloads[index] is not None and frame.image_stamps[index] < self._task_start
+        return frame.payloads[index] is not None and self._window.before_task(
+            frame.image_stamps[index]
+        )
 
     def _with_cubes(self, frame):
         """`frame` with the tracked cube positions appended to its state."""
@@ -407,6 +439,8 @@ class PerceptionNode(Node):
                 self._reject(exc.reason, f"{camera.name} image: {exc}")
         if image is None:
             self.counters["cube_state.unseen"] += 1
+        else:
+            self._window.fed(frame.image_stamps[frame.slots.index(camera.slot)])
         if self.params["cube_state"] == "target" and self._cube_state.target is None:
             self.counters["cube_state.no_target"] += 1
         if self._cube_joints is None:

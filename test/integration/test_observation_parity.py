@@ -4,7 +4,10 @@ observation frame (images at the model resolution, joints, the named cube's pose
 is the one `training.data.first_frame` builds for the same seed without ROS.
 
 Two episodes in a row, so that anything the graph carries from one episode into the next (the
-cube tracker did, docs/TRAINING.md run 23) shows in the second one's first frame."""
+cube tracker did, docs/TRAINING.md run 23) shows in the second one's first frame. The cameras
+render at every control tick, so the last image before each reset carries the reset's own
+stamp: perception keeps it out of the new task (`perception.task_window`; it once let it in
+whenever the last tick before a reset rendered, 1 in 10 resets at 10 Hz cameras)."""
 
 from __future__ import annotations
 
@@ -12,11 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from diagnostic_msgs.msg import DiagnosticArray
 from harness import call_service, wait_for
 
 from oxygen_ros.engine.config import get_model_config
 from oxygen_ros.msg import EpisodeStatus, ObservationFrame
-from oxygen_ros.nodes.conversions import image_msg_to_rgb, time_to_seconds
+from oxygen_ros.nodes.conversions import diagnostic_values, image_msg_to_rgb, time_to_seconds
 from oxygen_ros.nodes.runtime import OBSERVATION_QOS
 from oxygen_ros.perception import workcell_cubes
 from oxygen_ros.sim import robot, tasks
@@ -33,6 +37,9 @@ OVERRIDES = f"""
 workcell_sim:
   ros__parameters:
     initial_seed: -1
+    # A camera image at every tick: the last tick before each reset always renders one, stamped
+    # with the reset's own time, the image perception must keep out of the new task.
+    camera_rate_hz: 100.0
 perception:
   ros__parameters:
     cube_state_camera: top
@@ -74,6 +81,15 @@ def reset_stamp(statuses: list[EpisodeStatus], episode_id: int) -> float | None:
     return None
 
 
+def perception_count(diags: list[DiagnosticArray], name: str) -> int:
+    """Perception's newest diagnostics value `name` (0 before it is counted)."""
+    for array in reversed(list(diags)):
+        for status in array.status:
+            if status.name == "oxygen_ros: perception":
+                return int(diagnostic_values(status).get(name, 0))
+    return 0
+
+
 def first_after(frames: list[ObservationFrame], t: float) -> ObservationFrame | None:
     return next((f for f in list(frames) if time_to_seconds(f.header.stamp) > t), None)
 
@@ -86,6 +102,7 @@ def test_first_frame_after_each_reset_is_the_one_training_builds(
     files = ("--params-file", str(PARAMS), "--params-file", str(override))
     frames = ros_node.collect(ObservationFrame, "oxygen/observation", OBSERVATION_QOS)
     statuses = ros_node.collect(EpisodeStatus, "workcell/episode_status", 10)
+    diags = ros_node.collect(DiagnosticArray, "/diagnostics", 10)
     simulator = launcher.start(
         "oxygen_ros.nodes.workcell_sim_node", ros_args=[*files, "-r", "__node:=workcell_sim"]
     )
@@ -126,6 +143,12 @@ def test_first_frame_after_each_reset_is_the_one_training_builds(
             for slot, image in images.items():
                 error = np.abs(image.astype(float) - expected.images[slot]).mean()
                 assert error < PIXEL_TOL, f"seed {seed} {slot}: mean |difference| {error:.2f}"
+        # Perception learnt each reset from the episode status (the start no clock can lag).
+        wait_for(
+            lambda: perception_count(diags, "cube_state.resets") == len(SEEDS),
+            30,
+            lambda: f"{len(SEEDS)} resets counted, {perception_count(diags, 'cube_state.resets')}",
+        )
         # Positive control: the same checks tell the two episodes' frames apart.
         joints = len(robot.JOINT_NAMES)
         a, b = (built[s] for s in SEEDS)

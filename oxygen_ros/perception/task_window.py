@@ -1,0 +1,70 @@
+"""When the cube state's current task began, in the clock the images are stamped with (ROS-free).
+
+A task for the cube state begins at an instruction, and in the simulated workcell also at each
+episode reset: the world jumps there (the robot to home, the cubes to a new layout), and an
+image taken before it shows a layout that is gone. Perception must not feed such an image to
+the task's fresh tracker.
+
+The receiving node's clock at the instruction is not enough on its own: the simulator publishes
+the instruction at the reset, right after the tick whose images carry the reset's own stamp, and
+a node may handle the instruction before the `/clock` message of that tick (the clock lags by a
+tick or more). The reset's time, which the simulator's episode status reports (its stamp minus
+the elapsed time), is exact; `TaskWindow` takes the later of the two.
+
+Invariants:
+- `before_task(stamp)` holds for every stamp at or before the task's start (the image at the
+  reset's own stamp was rendered before the reset); an instruction handled a little after a
+  reset (the clock lagging or not) starts the task no earlier than the reset.
+- A reset is a new task for the tracker too (a new layout: `on_reset` returns True), unless
+  the tracker began at or after it (its instruction came later) and saw only later images; so
+  a reset known only after the tracker was fed an image at or before it restarts the tracker,
+  and no image from before the reset stays in the task's state.
+- The clock may go back (a new simulator starts at 0): a start or reset more than
+  `MAX_LAG_S` ahead of a newer instruction or reset is dropped rather than blocking every
+  image from then on.
+"""
+
+from __future__ import annotations
+
+import math
+
+MAX_LAG_S = 1.0  # a start further ahead of a newer time means the clock went back
+# Stamps travel as integer nanoseconds, and a reset computed from a later status (stamp minus
+# elapsed_s) can differ from the reset tick's own stamp by a nanosecond.
+STAMP_TOLERANCE_S = 1e-6
+
+
+class TaskWindow:
+    """The start of the current task and the images fed to its tracker."""
+
+    def __init__(self) -> None:
+        self.start_s = -math.inf  # images stamped at or before this are not the task's
+        self._reset_s = -math.inf  # the newest episode reset known
+        self._fed_from = math.inf  # the oldest image stamp fed to the current tracker
+
+    def on_instruction(self, now_s: float) -> None:
+        """A new task (with a fresh tracker) at the receiving clock's `now_s`."""
+        if self._reset_s > now_s + MAX_LAG_S:  # a reset of a clock that went back since
+            self._reset_s = -math.inf
+        self.start_s = max(now_s, self._reset_s)
+        self._fed_from = math.inf
+
+    def on_reset(self, reset_s: float) -> bool:
+        """A new episode's reset at `reset_s` (the caller passes each episode once); True when
+        the tracker must start afresh: it began before the reset, or was fed an image taken
+        at or before it, or the clock went back."""
+        went_back = self.start_s > reset_s + MAX_LAG_S
+        self._reset_s = reset_s
+        if went_back or self.start_s < reset_s or self._fed_from <= reset_s:
+            self.start_s = reset_s
+            self._fed_from = math.inf
+            return True
+        return False
+
+    def before_task(self, image_stamp: float) -> bool:
+        """Whether an image stamped `image_stamp` was taken before the current task began."""
+        return image_stamp <= self.start_s + STAMP_TOLERANCE_S
+
+    def fed(self, image_stamp: float) -> None:
+        """The tracker was fed an image stamped `image_stamp`."""
+        self._fed_from = min(self._fed_from, image_stamp)

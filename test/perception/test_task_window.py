@@ -1,0 +1,84 @@
+"""TaskWindow: which cube-camera images belong to the current task, across instructions and
+simulator resets, whatever order they reach the node in and however far its clock lags."""
+
+from __future__ import annotations
+
+from oxygen_ros.perception.task_window import MAX_LAG_S, TaskWindow
+
+DT = 0.01  # the simulator's control tick
+RESET = 12.34  # the reset's sim time = the stamp of the last tick (and images) before it
+
+
+def test_before_any_task_every_image_counts() -> None:
+    assert not TaskWindow().before_task(0.0)
+
+
+def test_the_image_at_the_reset_s_own_stamp_is_before_the_task() -> None:
+    """The clock on time: the instruction arrives at the reset's own time; the image of that
+    tick was rendered before the reset (the flake in test_observation_parity)."""
+    window = TaskWindow()
+    window.on_instruction(RESET)
+    assert window.before_task(RESET)
+    assert not window.before_task(RESET + DT)
+
+
+def test_a_lagging_clock_is_corrected_by_the_reset_whichever_comes_first() -> None:
+    # The status first, then the instruction handled while the clock lags two ticks.
+    window = TaskWindow()
+    assert window.on_reset(RESET)  # the tracker of before the reset started afresh
+    window.on_instruction(RESET - 2 * DT)
+    assert window.before_task(RESET) and window.before_task(RESET - DT)
+    assert not window.before_task(RESET + DT)
+    # The instruction first (clock lagging): without the reset it would let the old image in
+    # (the positive control); the reset then moves the start and restarts the tracker that was
+    # fed that image.
+    window = TaskWindow()
+    window.on_instruction(RESET - 2 * DT)
+    assert not window.before_task(RESET)
+    window.fed(RESET)
+    assert window.on_reset(RESET)
+    assert window.before_task(RESET)
+    assert not window.before_task(RESET + DT)
+
+
+def test_a_tracker_begun_after_the_reset_is_kept() -> None:
+    """The workcell graph: the instruction passes through the inference node, so it arrives
+    after the reset (clock ahead of it) and the status after that; the tracker saw only images
+    of the new episode and is kept."""
+    window = TaskWindow()
+    window.on_instruction(RESET + 3 * DT)
+    window.fed(RESET + 4 * DT)
+    assert not window.on_reset(RESET)
+    assert window.before_task(RESET + 3 * DT)  # the instruction's start stays
+    assert not window.before_task(RESET + 4 * DT)
+    # The positive control: the same tracker fed an image from the reset's tick is restarted.
+    window = TaskWindow()
+    window.on_instruction(RESET + 3 * DT)
+    window.fed(RESET)  # cannot pass before_task; fed() still records it
+    assert window.on_reset(RESET)
+
+
+def test_a_reset_without_an_instruction_is_a_new_task() -> None:
+    """The same instruction again without a new publication (publish_instruction off): the
+    reset alone starts the tracker afresh (a new layout), and the old layout's images stay out."""
+    window = TaskWindow()
+    window.on_instruction(1.0)
+    window.fed(1.5)
+    assert window.on_reset(RESET)
+    assert window.before_task(RESET)
+    assert not window.before_task(RESET + DT)
+
+
+def test_a_clock_that_went_back_does_not_block_every_image() -> None:
+    """A new simulator starts at 0: its first reset and instruction start a task at the new
+    time, not after the old clock's times."""
+    window = TaskWindow()
+    window.on_reset(RESET)
+    window.on_instruction(RESET)
+    assert window.on_reset(0.0)  # far back: a new clock, a new tracker
+    assert not window.before_task(DT)
+    window = TaskWindow()
+    window.on_reset(RESET)
+    window.on_instruction(RESET)
+    window.on_instruction(RESET - MAX_LAG_S - 1.0)  # an instruction on the new clock
+    assert not window.before_task(RESET - MAX_LAG_S)
