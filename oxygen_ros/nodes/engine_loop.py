@@ -462,8 +462,7 @@ class EngineLoop:
             return
         if 0.0 <= pickup.task_since - observation.stamp <= self._params["max_chunk_age_s"]:
             self.counters["frames_before_instruction"] += 1  # not a fault: no warning
-            self._inbox.drop(pickup.key)
-            self._queue.requeue(requests)
+            self._set_aside(pickup.key, requests)
             return
         prompt = pickup.prompt
         decoded = self._monotonic()
@@ -542,6 +541,10 @@ class EngineLoop:
         """A frame the engine must not see: counted, dropped (the loop waits for the next one
         instead of retrying it), its requests back in the queue for the next good frame."""
         self._reject(reason, message)
+        self._set_aside(key, requests)
+
+    def _set_aside(self, key: int, requests: list[LanguageRequest]) -> None:
+        """The frame dropped (not retried), its requests back in the queue for the next one."""
         self._inbox.drop(key)
         self._queue.requeue(requests)
 
