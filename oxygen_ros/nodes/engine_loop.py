@@ -47,6 +47,10 @@ Invariants:
   the queue. A workcell episode reset publishes the new instruction, and the last frames of the
   old episode (the arms where it left them) still arrive after it: a chunk planned from them
   for the new task would start from the old pose.
+- A reported world reset (`FrameInbox.note_reset`: the simulator's episode status) moves the
+  task's start to the reset when it lies later: the node's clock may lag the simulator's when
+  the instruction arrives, and the old episode's last frame carries the reset's own stamp. A
+  frame observed at or before the newest reset is never run after the reset is known.
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ ENGINE_WAIT_S = 0.1  # the thread wakes at least this often to notice shutdown
 PICKUP_MAX_WAIT_PERIODS = 1.5  # on_arrival: longest wait for a new frame, in frame periods
 ARRIVAL_HISTORY = 16  # arrival intervals the frame period is the median of
 FRAME_FUTURE_TOLERANCE_S = 0.5  # frames stamped further ahead of the node's clock are rejected
+# A reset or task start further ahead of a newer time than this means the clock went back.
+RESET_LAG_S = 1.0
 THROTTLE_S = 5.0
 # Parameters read live (the node's NodeParameters, or a dict in tests).
 PARAMETERS = (
@@ -184,7 +190,8 @@ class FrameInbox:
         self._intervals: collections.deque[float] = collections.deque(maxlen=ARRIVAL_HISTORY)
         self._prompt = prompt
         self._task = 0  # prompts set so far (each instruction is a task)
-        self._task_since = -math.inf  # the node's clock when the prompt was set
+        self._task_since = -math.inf  # the node's clock when the prompt was set (or a reset)
+        self._reset_s = -math.inf  # the newest world reset reported (`note_reset`)
         self.waiting_for_arrival = False  # `take` is in the pick-up policy's wait
 
     @property
@@ -214,7 +221,16 @@ class FrameInbox:
         with self._cond:
             self._prompt = prompt
             self._task += 1
-            self._task_since = since
+            recent = self._reset_s <= since + RESET_LAG_S  # else the clock went back since
+            self._task_since = max(since, self._reset_s) if recent else since
+
+    def note_reset(self, reset_s: float) -> None:
+        """The world was reset at `reset_s` (node clock; a workcell episode): no frame observed
+        at or before it runs from now on, under this task or a later one."""
+        with self._cond:
+            self._reset_s = reset_s
+            if reset_s > self._task_since or self._task_since > reset_s + RESET_LAG_S:
+                self._task_since = reset_s  # later, or the clock went back
 
     def wake(self) -> None:
         """Makes a waiting `take` look again (new requests, shutdown)."""

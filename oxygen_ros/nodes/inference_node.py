@@ -198,6 +198,7 @@ class InferenceNode(LifecycleNode):
         # Instructions from latched and volatile publishers; a latched message reaches both
         # subscriptions and is counted once (`_on_instruction`).
         self._instructions_seen = Deduplicator()
+        self._status_episode = 0  # the newest episode task_status_topic reported (0: none)
         subscribe_latched_and_volatile(
             self,
             String,
@@ -251,7 +252,7 @@ class InferenceNode(LifecycleNode):
                 self,
                 EpisodeStatus,
                 p["task_status_topic"],
-                lambda msg: self._instruct.on_task_status(msg.success),
+                self._on_task_status,
                 callback_group=self._io_group,
             )
         self.params.add_listener(self._on_params)
@@ -536,6 +537,14 @@ class InferenceNode(LifecycleNode):
             )
             text = text[:limit]
         return text
+
+    def _on_task_status(self, msg: EpisodeStatus) -> None:
+        """Success ends a running Instruct goal; a new episode's reset (its stamp minus
+        elapsed_s) ends the frames observed before it (`FrameInbox.note_reset`)."""
+        self._instruct.on_task_status(msg.success)
+        if msg.phase != EpisodeStatus.PHASE_IDLE and msg.episode_id != self._status_episode:
+            self._status_episode = msg.episode_id
+            self._inbox.note_reset(time_to_seconds(msg.header.stamp) - msg.elapsed_s)
 
     def _on_instruction(self, msg: String, info) -> None:
         # `info` must stay a required argument: rclpy passes message info only to a callback

@@ -861,7 +861,8 @@ INFERENCE: tuple[ParamSpec, ...] = (
         "task_status_topic",
         "",
         "oxygen_ros/EpisodeStatus topic whose success, rising while an Instruct goal runs, "
-        "ends it SUCCEEDED ('' = none: goals end by time limit, cancel or a newer one)",
+        "ends it SUCCEEDED, and whose new episodes' resets end the frames observed before "
+        "them ('' = none: goals end by time limit, cancel or a newer one)",
         "str",
         check=optional_topic_name,
     ),

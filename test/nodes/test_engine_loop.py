@@ -355,6 +355,49 @@ def test_a_frame_observed_before_the_instruction_is_not_run_under_it() -> None:
     assert rig.loop.counters["frames_before_instruction"] == 2
 
 
+def test_a_reported_reset_ends_the_frames_observed_before_it() -> None:
+    """The node's clock may lag the simulator's when the instruction arrives: then the old
+    episode's last frame, stamped with the reset's own time, would pass the instruction's check
+    (the positive control). The reset from the episode status moves the task's start to it,
+    whichever of the two arrives first, and also without an instruction."""
+    reset = 100.0
+    # The instruction first, handled while the clock lags two ticks; then the status.
+    engine = FakeEngine()
+    rig = Rig(engine)
+    rig.now = reset - 0.02
+    rig.inbox.set_prompt("pick the cup")
+    rig.now = reset + 0.01
+    rig.run_frame(reset)  # the control: without the reset it runs under the new task
+    assert [s for s, _ in engine.steps] == [reset]
+    rig.inbox.note_reset(reset)
+    rig.run_frame(reset)
+    rig.run_frame(reset - 0.1)
+    assert [s for s, _ in engine.steps] == [reset]
+    assert rig.loop.counters["frames_before_instruction"] == 2
+    rig.run_frame(reset + 0.01)  # the first frame after the reset runs
+    assert [s for s, _ in engine.steps] == [reset, reset + 0.01]
+    # The status first, then the instruction with the clock lagging.
+    engine = FakeEngine()
+    rig = Rig(engine)
+    rig.inbox.note_reset(reset)
+    rig.now = reset - 0.02
+    rig.inbox.set_prompt("pick the cup")
+    rig.now = reset + 0.01
+    rig.run_frame(reset)
+    assert engine.steps == [] and rig.loop.counters["frames_before_instruction"] == 1
+    # A reset without a new instruction (the same task goes on): frames before it end too.
+    rig.run_frame(reset + 0.01)
+    rig.inbox.note_reset(reset + 5.0)
+    rig.now = reset + 5.01
+    rig.run_frame(reset + 5.0)
+    assert [s for s, _ in engine.steps] == [reset + 0.01]
+    # A clock that went back (a new simulator from 0): its reset and frames are not blocked.
+    rig.inbox.note_reset(1.0)
+    rig.now = 1.05
+    rig.run_frame(1.02)
+    assert [s for s, _ in engine.steps] == [reset + 0.01, 1.02]
+
+
 def taken(pickup: Pickup | None) -> tuple[bytes, int, str] | None:
     return None if pickup is None else (pickup.data, pickup.key, pickup.prompt)
 
