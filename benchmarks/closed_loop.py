@@ -590,13 +590,16 @@ def save_frames(
 
 
 def summarise(records: list[EpisodeRecord]) -> dict[str, float]:
-    def mean(values):
-        values = [v for v in values if np.isfinite(v)]
-        return float(np.mean(values)) if values else float("nan")
+    def finite(statistic):
+        """`statistic` over the finite values (NaN when there are none)."""
 
-    def median(values):
-        values = [v for v in values if np.isfinite(v)]
-        return float(np.median(values)) if values else float("nan")
+        def of(values):
+            values = [v for v in values if np.isfinite(v)]
+            return float(statistic(values)) if values else float("nan")
+
+        return of
+
+    mean, median = finite(np.mean), finite(np.median)
 
     def ratio(hits: str, total: str) -> float:
         count = sum(getattr(r, total) for r in records)
