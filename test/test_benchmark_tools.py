@@ -530,3 +530,34 @@ def test_privileged_whole_views_keep_the_cube_under_a_descending_gripper(privile
     assert max(tracked_err) > 0.005
     assert max(whole_err) < 0.003
     assert max(whole_yaw_err) < np.sin(np.radians(10))
+
+
+def test_learner_vs_expert_counts_closing_by_distance_on_free_frames() -> None:
+    lve = load_benchmark("learner_vs_expert")
+    open_, shut = [0.8] * 10, [0.8, 0.8, 0.0] + [0.0] * 7  # row 2 closes
+
+    def frame(learner, expert, *, pinch=0.1, held=False, stage="reach", deviation=0.1):
+        return lve.Frame(0, 0.0, stage, held, pinch, 0.8, expert, learner, deviation)
+
+    frames = [
+        frame(shut, open_),  # approach: the learner closes
+        frame(open_, open_, pinch=0.05),  # approach: neither
+        frame(open_, shut, pinch=0.01, stage="grasp", deviation=0.3),  # near: the expert
+        frame(shut, shut, pinch=0.01, stage="grasp", deviation=0.5),  # near: both
+        frame(shut, open_, held=True, stage="lift"),  # held: not counted
+    ]
+    summary = lve.summarise(frames, executed=3)
+    assert summary["frames"] == 5 and summary["frames_not_held"] == 4
+    bands = {(b["from_m"], b["to_m"]): b for b in summary["bands"]}
+    assert bands[(0.0, 0.025)] == {
+        "from_m": 0.0,
+        "to_m": 0.025,
+        "frames": 2,
+        "learner_closes": 1,
+        "expert_closes": 2,
+    }
+    assert bands[(0.08, 0.15)]["learner_closes"] == 1 and bands[(0.04, 0.08)]["frames"] == 1
+    assert summary["approach_close"] == 1 / 2 and summary["approach_expert_close"] == 0.0
+    assert summary["arm_deviation_rad_median"] == {"grasp": 0.4, "lift": 0.1, "reach": 0.1}
+    # Executed rows decide: with two rows executed, row 2's closing is not executed.
+    assert lve.summarise(frames, executed=2)["approach_close"] == 0.0
