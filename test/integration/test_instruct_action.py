@@ -38,17 +38,27 @@ def seconds(d: Duration) -> float:
 
 
 class Goal:
-    """One goal sent by the test: its handle, feedback and result."""
+    """One goal sent by the test: its handle, feedback and result.
 
-    def __init__(self, client: ActionClient, text: str, limit_s: float) -> None:
+    Every request is made on the spin thread (`on_spin_thread`): rclpy's ActionClient stores a
+    request's future, then adds its done callback, then hands it to the executor; a reply that
+    completes the future in between makes that callback remove a future the executor does not
+    hold yet (ValueError in the test thread, seen once in send_goal_async)."""
+
+    def __init__(self, ros_node, client: ActionClient, text: str, limit_s: float) -> None:
         self.feedback: list[Instruct.Feedback] = []
+        self._on_spin_thread = ros_node.on_spin_thread
         goal = Instruct.Goal(instruction=text)
         goal.time_limit = Duration(sec=int(limit_s), nanosec=round(limit_s % 1 * 1e9))
-        sent = client.send_goal_async(goal, lambda msg: self.feedback.append(msg.feedback))
+        sent = self._on_spin_thread(
+            lambda: client.send_goal_async(goal, lambda msg: self.feedback.append(msg.feedback))
+        )
         wait_for(sent.done, REPLY_TIMEOUT_S, f"the goal response to {text!r}")
         self.handle = sent.result()
         self.accepted = self.handle.accepted
-        self._result = self.handle.get_result_async() if self.accepted else None
+        self._result = (
+            self._on_spin_thread(self.handle.get_result_async) if self.accepted else None
+        )
 
     def result(self) -> tuple[int, Instruct.Result]:
         """(goal terminal state, result) once the result came."""
@@ -61,7 +71,7 @@ class Goal:
         return self._result is not None and self._result.done()
 
     def cancel(self):
-        future = self.handle.cancel_goal_async()
+        future = self._on_spin_thread(self.handle.cancel_goal_async)
         wait_for(future.done, REPLY_TIMEOUT_S, "the cancel response")
         return future.result()
 
@@ -70,6 +80,7 @@ class Host:
     """The host process, its script channel and an action client of its server."""
 
     def __init__(self, ros_node, launcher, prefix: str, ros_args=()) -> None:
+        self.ros_node = ros_node
         self.node = ros_node.node
         self.calls_received = ros_node.collect(String, f"{prefix}/calls", latched_qos(1000))
         self._commands = self.node.create_publisher(String, f"{prefix}/commands", RELIABLE_QOS)
@@ -111,7 +122,7 @@ class Host:
         return [r for r in self._records() if "call" in r and name in (None, r["call"])]
 
     def send(self, text: str, limit_s: float = 0.0) -> Goal:
-        return Goal(self.client, text, limit_s)
+        return Goal(self.ros_node, self.client, text, limit_s)
 
     def feed_until_feedback(self, goal: Goal) -> None:
         """Feeds narrations until the client's feedback subscription receives one (feedback

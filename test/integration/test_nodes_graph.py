@@ -507,9 +507,15 @@ def test_instruct_goal_feedback_cancel_holds_and_a_time_limit_ends_it(graph) -> 
     diagnostics = graph.view.collect(DiagnosticArray, "/diagnostics", 50)
     feedback: list[Instruct.Feedback] = []
 
+    # Every request on the spin thread: rclpy's ActionClient races a reply that comes before it
+    # has handed the request's future to the executor (test_instruct_action.Goal).
+    on_spin = graph.view.on_spin_thread
+
     def send(goal: Instruct.Goal):
-        sent = client.send_goal_async(
-            goal, feedback_callback=lambda m: feedback.append(m.feedback)
+        sent = on_spin(
+            lambda: client.send_goal_async(
+                goal, feedback_callback=lambda m: feedback.append(m.feedback)
+            )
         )
         wait_for(sent.done, 15, "the goal's acceptance")
         handle = sent.result()
@@ -543,9 +549,9 @@ def test_instruct_goal_feedback_cancel_holds_and_a_time_limit_ends_it(graph) -> 
 
     canceled_at = graph.now()
     before = dropped("canceled")
-    cancel = handle.cancel_goal_async()
+    cancel = on_spin(handle.cancel_goal_async)
     wait_for(cancel.done, 15, "the cancel reply")
-    result = handle.get_result_async()
+    result = on_spin(handle.get_result_async)
     wait_for(result.done, 15, "the canceled goal's result")
     assert result.result().status == GoalStatus.STATUS_CANCELED
     assert result.result().result.status == Instruct.Result.STATUS_CANCELED
@@ -558,7 +564,7 @@ def test_instruct_goal_feedback_cancel_holds_and_a_time_limit_ends_it(graph) -> 
     count = len(graph.actions)
     limited = send(Instruct.Goal(instruction="wipe the table", time_limit=Duration(sec=3)))
     wait_for(lambda: len(graph.actions) > count + 70, 30, "actions for the next goal", 0.1)
-    result = limited.get_result_async()
+    result = on_spin(limited.get_result_async)
     wait_for(result.done, 30, "the time-limited goal's result")
     assert result.result().status == GoalStatus.STATUS_ABORTED
     ended = result.result().result
