@@ -75,13 +75,12 @@ from oxygen_ros.msg import ObservationFrame
 from oxygen_ros.nodes.conversions import RejectedFrameError, observation_from_msg
 from oxygen_ros.nodes.request_book import Finished, RequestBook
 from oxygen_ros.nodes.sliding_window import SlidingWindow
+from oxygen_ros.perception.task_window import STAMP_TOLERANCE_S, TaskWindow
 
 ENGINE_WAIT_S = 0.1  # the thread wakes at least this often to notice shutdown
 PICKUP_MAX_WAIT_PERIODS = 1.5  # on_arrival: longest wait for a new frame, in frame periods
 ARRIVAL_HISTORY = 16  # arrival intervals the frame period is the median of
 FRAME_FUTURE_TOLERANCE_S = 0.5  # frames stamped further ahead of the node's clock are rejected
-# A reset or task start further ahead of a newer time than this means the clock went back.
-RESET_LAG_S = 1.0
 THROTTLE_S = 5.0
 # Parameters read live (the node's NodeParameters, or a dict in tests).
 PARAMETERS = (
@@ -190,8 +189,9 @@ class FrameInbox:
         self._intervals: collections.deque[float] = collections.deque(maxlen=ARRIVAL_HISTORY)
         self._prompt = prompt
         self._task = 0  # prompts set so far (each instruction is a task)
-        self._task_since = -math.inf  # the node's clock when the prompt was set (or a reset)
-        self._reset_s = -math.inf  # the newest world reset reported (`note_reset`)
+        # When the task began (node clock): its instruction, or a later world reset; the rule
+        # and its clock-went-back bound are perception's (`TaskWindow`).
+        self._window = TaskWindow()
         self.waiting_for_arrival = False  # `take` is in the pick-up policy's wait
 
     @property
@@ -221,16 +221,13 @@ class FrameInbox:
         with self._cond:
             self._prompt = prompt
             self._task += 1
-            recent = self._reset_s <= since + RESET_LAG_S  # else the clock went back since
-            self._task_since = max(since, self._reset_s) if recent else since
+            self._window.on_instruction(since)
 
     def note_reset(self, reset_s: float) -> None:
         """The world was reset at `reset_s` (node clock; a workcell episode): no frame observed
         at or before it runs from now on, under this task or a later one."""
         with self._cond:
-            self._reset_s = reset_s
-            if reset_s > self._task_since or self._task_since > reset_s + RESET_LAG_S:
-                self._task_since = reset_s  # later, or the clock went back
+            self._window.on_reset(reset_s)  # later than the start, or the clock went back
 
     def wake(self) -> None:
         """Makes a waiting `take` look again (new requests, shutdown)."""
@@ -289,7 +286,7 @@ class FrameInbox:
                 outcome,
                 *self._trip,
                 task=self._task,
-                task_since=self._task_since,
+                task_since=self._window.start_s,
             )
 
     def drop(self, key: int) -> None:
@@ -476,7 +473,8 @@ class EngineLoop:
         observation = self._decode(pickup.data, pickup.key, requests, pickup.prompt)
         if observation is None:
             return
-        if 0.0 <= pickup.task_since - observation.stamp <= self._params["max_chunk_age_s"]:
+        before_task = pickup.task_since - observation.stamp  # at or before: not the task's
+        if -STAMP_TOLERANCE_S <= before_task <= self._params["max_chunk_age_s"]:
             self.counters["frames_before_instruction"] += 1  # not a fault: no warning
             self._set_aside(pickup.key, requests)
             return

@@ -395,30 +395,30 @@ class PerceptionNode(Node):
         self._episode_id = msg.episode_id
         self.counters["cube_state.resets"] += 1
         if self._window.on_reset(time_to_seconds(msg.header.stamp) - msg.elapsed_s):
-            from oxygen_ros.perception import workcell_cubes
-
-            kind = self.params["cube_state"]
-            target = self._cube_state.target if kind == "target" else None
-            self._cube_state = workcell_cubes.object_state(kind, target)
+            target = self._cube_state.target if self.params["cube_state"] == "target" else None
+            self._cube_state = self._fresh_cube_state(target)  # same target, new layout
             self.counters["cube_state.restarted_at_reset"] += 1
 
     def _task_cube_state(self, text: str):
         """A fresh cube state for the task `text`; the target state's target is the workcell
         cube `text` names (none, warned, when it names no colour or one without a cube)."""
-        from oxygen_ros.perception import workcell_cubes
         from oxygen_ros.sim import tasks
 
-        kind = self.params["cube_state"]
-        if kind != "target":
-            return workcell_cubes.object_state(kind)
+        if self.params["cube_state"] != "target":
+            return self._fresh_cube_state(None)
         try:
-            target = tasks.object_name(tasks.parse_instruction(text).colour)
-            return workcell_cubes.object_state(kind, target)
+            return self._fresh_cube_state(tasks.object_name(tasks.parse_instruction(text).colour))
         except ValueError as exc:
             self._throttle.warn(
                 self, "no_target", f"no target cube for the state: {str(exc)[:200]}"
             )
-            return workcell_cubes.object_state(kind)
+            return self._fresh_cube_state(None)
+
+    def _fresh_cube_state(self, target: str | None):
+        """A fresh tracker of the configured kind (`cube_state`); `target` for "target" only."""
+        from oxygen_ros.perception import workcell_cubes
+
+        return workcell_cubes.object_state(self.params["cube_state"], target)
 
     def _cube_image_before_task(self, frame) -> bool:
         """Whether the frame's cube-camera image was taken before the current task began."""

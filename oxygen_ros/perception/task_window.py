@@ -11,6 +11,10 @@ a node may handle the instruction before the `/clock` message of that tick (the 
 tick or more). The reset's time, which the simulator's episode status reports (its stamp minus
 the elapsed time), is exact; `TaskWindow` takes the later of the two.
 
+The inference node's frame inbox (`nodes.engine_loop.FrameInbox`) keeps the start of its task
+with the same rule, for observation frames instead of images (it has no tracker, so it ignores
+what `on_reset` returns): one rule and one clock-went-back bound for both nodes.
+
 Invariants:
 - `before_task(stamp)` holds for every stamp at or before the task's start (the image at the
   reset's own stamp was rendered before the reset); an instruction handled a little after a
