@@ -5,13 +5,17 @@ per frame); at every observation the reactive expert's chunk from the same state
 too (`training.dagger.expert_chunk`, the DAgger label) but not executed. Per frame: the stage,
 whether the cube is held, the pinch point's distance to the cube, the task arm's measured
 gripper, both chunks' gripper rows and the largest difference between their arm-joint rows over
-the rows a frame executes.
+the rows a frame executes; with `--object-state target`, how far (x, y) the perceived target
+cube in the observation's state is from the simulator's.
 
 Summary, over frames where the cube is not held, by the pinch point's distance from the cube
 (`BANDS_M`): the frames in each band and how many of them the learner's executed rows close the
 task arm's gripper in (below `CLOSED_BELOW`), and the expert's; and the median arm deviation per
-stage. The scripted expert's demonstrations close only within a few centimetres of the cube
-(and sit closed at home before the first open), so closing further out is the learner's own.
+stage, and the frames whose perceived target is more than 1 and 2.5 cm off. The scripted
+expert's demonstrations close only within a few centimetres of the cube (and sit closed at home
+before the first open), so closing further out is the learner's own. `--whole-views-only` runs
+the cube tracker as it was before 2026-11-29 (the camera read from whole views only, never from
+a partial one; `perception.cube_poses`), to compare what the policy sees.
 
 Usage: `python benchmarks/learner_vs_expert.py --checkpoint DIR --seeds 0:5 [--object-state
 target --preset P]` (after `source scripts/env.sh`); `--checkpoint expert` runs the scripted
@@ -51,6 +55,7 @@ class Frame:
     expert_gripper: list[float]  # per chunk row
     learner_gripper: list[float]
     arm_deviation_rad: float  # largest |expert - learner| over executed rows and arm joints
+    target_error_m: float = float("nan")  # perceived target cube (x, y) to the true one
 
 
 def closes(rows: Sequence[float], executed: int) -> bool:
@@ -70,6 +75,8 @@ def summarise(frames: Sequence[Frame], executed: int) -> dict:
             "frames": len(inside),
             "learner_closes": sum(closes(f.learner_gripper, executed) for f in inside),
             "expert_closes": sum(closes(f.expert_gripper, executed) for f in inside),
+            "target_off_1cm": sum(f.target_error_m > 0.01 for f in inside),
+            "target_off_2.5cm": sum(f.target_error_m > 0.025 for f in inside),
         }
 
     lo, hi = APPROACH_M
@@ -92,6 +99,20 @@ def summarise(frames: Sequence[Frame], executed: int) -> dict:
     }
 
 
+def whole_views_only() -> None:
+    """Makes every cube tracker built from now on read the camera from whole views only."""
+    from oxygen_ros.perception import workcell_cubes
+
+    build = workcell_cubes.cube_poses
+
+    def tracker(*args, **kwargs):
+        poses = build(*args, **kwargs)
+        poses.follow_partial_views = False
+        return poses
+
+    workcell_cubes.cube_poses = tracker
+
+
 def main(argv: list[str] | None = None) -> int:
     from oxygen_ros.resources import resolve_path
     from oxygen_ros.sim import robot, tasks
@@ -103,8 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0:5", help='"first:stop" or "a,b,c"')
     parser.add_argument("--execute-s", type=float, default=0.2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/learner_vs_expert.json"))
+    parser.add_argument("--whole-views-only", action="store_true")
     data.add_object_state_argument(parser)  # as the checkpoint was trained
     args = parser.parse_args(argv)
+    if args.whole_views_only:
+        whole_views_only()
     config = rollout.RolloutConfig(
         execute_s=args.execute_s, object_state=args.object_state, preset=args.preset, speak=False
     )
@@ -112,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     learner, config = rollout.make_policy(str(checkpoint), config)
     workcell = Workcell(WorkcellConfig())
     expert = dagger.make_labeller("reactive", workcell)
-    executed = int(np.ceil(args.execute_s / config.action_dt_s)) + 1  # rows the target passes
+    executed = rollout.executed_rows(args.execute_s, config.action_dt_s)
     frames: list[Frame] = []
     results = []
 
@@ -130,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
             evaluation = tasks.evaluate(cell, self.spec)
             joints = robot.arm_columns(self.spec.arm)
             grip = robot.gripper_index(self.spec.arm)
+            error = float("nan")
+            if args.object_state == "target":  # the state's target.x, target.y follow the joints
+                true = cell.object_pose(self.spec.target).position[:2]
+                seen = np.asarray(observation.state[robot.NUM_JOINTS : robot.NUM_JOINTS + 2])
+                error = float(np.linalg.norm(seen - true))
             frames.append(
                 Frame(
                     seed=self.spec.seed,
@@ -143,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                     arm_deviation_rad=float(
                         np.abs(expert_rows[:executed, joints] - rows[:executed, joints]).max()
                     ),
+                    target_error_m=error,
                 )
             )
             return rows, said
@@ -152,11 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in rollout.parse_seeds(args.seeds):
             result = rollout.run_episode(watched, workcell, seed, config)
             results.append(dataclasses.asdict(result))
-            print(
-                f"seed {seed:>4} {result.instruction:45} success={result.success!s:5} "
-                f"stage={result.furthest_stage}/{result.num_stages - 1}",
-                flush=True,
-            )
+            print(rollout.episode_line(seed, result), flush=True)
     finally:
         workcell.close()
     summary = summarise(frames, executed)
@@ -166,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps(
             {
                 "checkpoint": args.checkpoint,
+                "whole_views_only": args.whole_views_only,
                 "execute_s": args.execute_s,
                 "executed_rows": executed,
                 "closed_below": CLOSED_BELOW,
@@ -179,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     for b in summary["bands"]:
         print(
             f"{b['from_m']:.3f}-{b['to_m']:.3f} m: frames {b['frames']:4} learner closes "
-            f"{b['learner_closes']:4} expert closes {b['expert_closes']:4}"
+            f"{b['learner_closes']:4} expert closes {b['expert_closes']:4} target off 1 cm "
+            f"{b['target_off_1cm']:4} 2.5 cm {b['target_off_2.5cm']:4}"
         )
     print(
         f"learner_vs_expert frames={summary['frames']} "

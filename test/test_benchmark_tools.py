@@ -536,15 +536,15 @@ def test_learner_vs_expert_counts_closing_by_distance_on_free_frames() -> None:
     lve = load_benchmark("learner_vs_expert")
     open_, shut = [0.8] * 10, [0.8, 0.8, 0.0] + [0.0] * 7  # row 2 closes
 
-    def frame(learner, expert, *, pinch=0.1, held=False, stage="reach", deviation=0.1):
-        return lve.Frame(0, 0.0, stage, held, pinch, 0.8, expert, learner, deviation)
+    def frame(learner, expert, *, pinch=0.1, held=False, stage="reach", deviation=0.1, off=0.0):
+        return lve.Frame(0, 0.0, stage, held, pinch, 0.8, expert, learner, deviation, off)
 
     frames = [
         frame(shut, open_),  # approach: the learner closes
-        frame(open_, open_, pinch=0.05),  # approach: neither
-        frame(open_, shut, pinch=0.01, stage="grasp", deviation=0.3),  # near: the expert
+        frame(open_, open_, pinch=0.05, off=0.012),  # approach: neither; target 1.2 cm off
+        frame(open_, shut, pinch=0.01, stage="grasp", deviation=0.3, off=0.03),  # the expert
         frame(shut, shut, pinch=0.01, stage="grasp", deviation=0.5),  # near: both
-        frame(shut, open_, held=True, stage="lift"),  # held: not counted
+        frame(shut, open_, held=True, stage="lift", off=0.05),  # held: not counted
     ]
     summary = lve.summarise(frames, executed=3)
     assert summary["frames"] == 5 and summary["frames_not_held"] == 4
@@ -555,8 +555,13 @@ def test_learner_vs_expert_counts_closing_by_distance_on_free_frames() -> None:
         "frames": 2,
         "learner_closes": 1,
         "expert_closes": 2,
+        "target_off_1cm": 1,
+        "target_off_2.5cm": 1,
     }
     assert bands[(0.08, 0.15)]["learner_closes"] == 1 and bands[(0.04, 0.08)]["frames"] == 1
+    assert bands[(0.04, 0.08)]["target_off_1cm"] == 1
+    assert bands[(0.04, 0.08)]["target_off_2.5cm"] == 0
+    assert lve.summarise([frame(open_, open_)], executed=3)["bands"][3]["target_off_1cm"] == 0
     assert summary["approach_close"] == 1 / 2 and summary["approach_expert_close"] == 0.0
     assert summary["arm_deviation_rad_median"] == {"grasp": 0.4, "lift": 0.1, "reach": 0.1}
     # Executed rows decide: with two rows executed, row 2's closing is not executed.

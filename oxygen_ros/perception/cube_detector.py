@@ -145,7 +145,7 @@ class CubeDetector:
     def blobs(self, image: np.ndarray) -> dict[str, Blob | None]:
         """Per colour, its blob in an RGB uint8 image [H, W, 3] (None: too few pixels)."""
         out: dict[str, Blob | None] = {}
-        for name, pixels in self._pixels(image).items():
+        for name, pixels in self.pixels(image).items():
             if pixels is None:
                 out[name] = None
             else:
@@ -159,7 +159,7 @@ class CubeDetector:
         """Per colour, the cube's yaw modulo 90 degrees, in radians in [-pi/4, pi/4) (None: not
         seen, or a blob without a square's fourfold shape)."""
         out: dict[str, float | None] = {}
-        for name, pixels in self._pixels(image).items():
+        for name, pixels in self.pixels(image).items():
             out[name] = None
             if pixels is None:
                 continue
@@ -176,7 +176,7 @@ class CubeDetector:
             out[name] = float((yaw + np.pi / 4) % (np.pi / 2) - np.pi / 4)
         return out
 
-    def _pixels(self, image: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray] | None]:
+    def pixels(self, image: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray] | None]:
         """Per colour, (rows, cols) of its pixels (None: too few)."""
         if image.shape != (self.camera.height, self.camera.width, 3):
             raise ValueError(

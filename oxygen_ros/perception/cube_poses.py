@@ -3,9 +3,16 @@
 The colour detector (`cube_detector`) places a blob's centroid on the table. A gripper over a
 cube hides part of it, and the centroid and yaw of what stays visible are off by up to 2 cm
 and 45 degrees before the blob vanishes (docs/TRAINING.md run 16). `CubePoses` keeps, per cube:
-- from the camera, whole views only: a blob with at least `whole_fraction` of the pixels that a
+- from the camera, whole views: a blob with at least `whole_fraction` of the pixels that a
   cube at the detected position and yaw would cover (the convex hull of its eight projected
-  corners; whole views measure 0.87-1.03 of it). A partial view keeps the last estimate.
+  corners; whole views measure 0.87-1.03 of it). A partial view (a hand over the cube hides
+  part of it) must still be explained by the estimate: each of its pixels sees the cube
+  somewhere along its ray between the table and the cube's top, so the ray's segment there
+  must meet the cube's square footprint. While it does, the estimate stays (`consistent`);
+  when the cube was pushed while hidden (no whole view may come while the hand stays over it),
+  the estimate moves to the nearest position, yaw kept, that explains the view
+  (`nearest_consistent_xy`), or to the partial view's placement when none within
+  `search_radius_m` does.
 - while a gripper holds the cube, the hand's account of it. An arm takes hold of a cube when
   its measured gripper has stopped between `held_min` and `held_max` (the fingers close on a
   4 cm cube near 0.6 and on nothing below 0.45) with its pinch point (forward kinematics of
@@ -51,9 +58,9 @@ class CubePose:
     held_by: str | None = None  # the arm holding it
 
 
-def silhouette_pixels(detector: CubeDetector, xy: np.ndarray, yaw: float) -> float:
-    """The pixel area of a cube of half size `detector.plane_z` resting on the table at `xy`
-    with `yaw`: the convex hull of its eight projected corners."""
+def _silhouette(detector: CubeDetector, xy: np.ndarray, yaw: float):
+    """The image-plane convex hull (scipy `ConvexHull`) of the eight projected corners of a
+    cube of half size `detector.plane_z` resting on the table at `xy` with `yaw`."""
     from scipy.spatial import ConvexHull
 
     half = detector.plane_z
@@ -64,7 +71,80 @@ def silhouette_pixels(detector: CubeDetector, xy: np.ndarray, yaw: float) -> flo
         for dy in (-half, half)
         for z in (0.0, 2 * half)
     ]
-    return float(ConvexHull(np.array(corners)).volume)
+    return ConvexHull(np.array(corners))
+
+
+def silhouette_pixels(detector: CubeDetector, xy: np.ndarray, yaw: float) -> float:
+    """The pixel area of a cube resting on the table at `xy` with `yaw` (`_silhouette`)."""
+    return float(_silhouette(detector, xy, yaw).volume)
+
+
+PIXEL_TOLERANCE_M = 0.001  # the footprint grown by this much for pixels on its edge
+STRAY_PIXELS = 0.02  # this share of a view's pixels may be unexplained (edge pixels)
+SEARCH_RADIUS_M = 0.06  # how far from the estimate a partial view's cube is looked for
+SEARCH_STEP_M = 0.002
+SEARCH_BATCH = 256  # candidates tested at once, nearest first
+
+
+def _segments(detector: CubeDetector, pixels: tuple[np.ndarray, np.ndarray]):
+    """Per pixel (rows, cols), its ray's segment between the table (z = 0) and the top of a
+    cube resting on it (z = 2 plane_z): the ends, world (x, y) [N, 2] each."""
+    rows, cols = pixels
+    u, v = cols + 0.5, rows + 0.5
+    low = detector.camera.on_plane_many(u, v, 0.0)
+    high = detector.camera.on_plane_many(u, v, 2 * detector.plane_z)
+    finite = np.all(np.isfinite(low), axis=1) & np.all(np.isfinite(high), axis=1)
+    return low[finite], high[finite]
+
+
+def _explained(low: np.ndarray, high: np.ndarray, centres: np.ndarray, yaw: float, half: float):
+    """[C] share of the segments (ends [N, 2]) that meet the square footprint of half size
+    `half` and `yaw` centred at each of `centres` [C, 2] (Liang-Barsky clipping)."""
+    c, s = np.cos(yaw), np.sin(yaw)
+    to_local = np.array([[c, -s], [s, c]])  # world offset @ to_local = the cube's frame
+    a = (low[None, :, :] - centres[:, None, :]) @ to_local  # [C, N, 2]
+    d = (high - low) @ to_local  # [N, 2]
+    enter, leave = np.zeros(a.shape[:2]), np.ones(a.shape[:2])
+    for k in range(2):
+        step = d[None, :, k]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t1, t2 = (-half - a[..., k]) / step, (half - a[..., k]) / step
+        moving = np.abs(step) > 1e-12
+        inside = np.abs(a[..., k]) <= half  # a segment parallel to this side: in or out
+        enter = np.where(moving, np.maximum(enter, np.minimum(t1, t2)), enter)
+        leave = np.where(moving, np.minimum(leave, np.maximum(t1, t2)), leave)
+        leave = np.where(~moving & ~inside, -1.0, leave)
+    return np.mean(enter <= leave, axis=1)
+
+
+def nearest_consistent_xy(
+    detector: CubeDetector,
+    pixels: tuple[np.ndarray, np.ndarray],
+    xy: np.ndarray,
+    yaw: float,
+    search_radius_m: float = SEARCH_RADIUS_M,
+) -> np.ndarray | None:
+    """Where a cube seen partly (its pixels (rows, cols)) is, given its estimate `xy`, `yaw`:
+    `xy` itself when it explains the view (all but `STRAY_PIXELS` of the pixels' segments meet
+    its footprint), else the nearest point on a `SEARCH_STEP_M` grid within
+    `search_radius_m` that does, yaw kept; None when none does."""
+    low, high = _segments(detector, pixels)
+    if len(low) == 0:
+        return np.asarray(xy, np.float64)
+    half = detector.plane_z + PIXEL_TOLERANCE_M
+    xy = np.asarray(xy, np.float64)
+    if _explained(low, high, xy[None], yaw, half)[0] >= 1.0 - STRAY_PIXELS:
+        return xy
+    steps = np.arange(-search_radius_m, search_radius_m + 1e-9, SEARCH_STEP_M)
+    grid = np.stack(np.meshgrid(steps, steps), axis=-1).reshape(-1, 2)
+    grid = grid[np.hypot(grid[:, 0], grid[:, 1]) <= search_radius_m]
+    grid = grid[np.argsort(np.hypot(grid[:, 0], grid[:, 1]), kind="stable")]
+    for first in range(0, len(grid), SEARCH_BATCH):  # nearest first: stop at the first batch
+        batch = grid[first : first + SEARCH_BATCH]
+        good = np.flatnonzero(_explained(low, high, xy + batch, yaw, half) >= 1 - STRAY_PIXELS)
+        if good.size:
+            return xy + batch[good[0]]
+    return None
 
 
 class CubePoses:
@@ -78,6 +158,7 @@ class CubePoses:
         hands: Mapping[str, Hand],
         grasp: GraspConfig = GraspConfig(),
         whole_fraction: float = 0.85,
+        follow_partial_views: bool = True,
     ) -> None:
         """
         Args:
@@ -86,6 +167,9 @@ class CubePoses:
             default_xy: where a cube never seen is taken to be.
             hands: per arm, its gripper value, pinch point and fingers' yaw from the joints;
                 empty for the camera alone.
+            whole_fraction: a view with this share of the silhouette's pixels is whole.
+            follow_partial_views: a partial view that the estimate does not explain moves
+                it (False: only whole views do, as before 2026-11-29).
         """
         unknown = set(names) - set(detector.channels)
         if unknown:
@@ -96,6 +180,7 @@ class CubePoses:
         self.hands = dict(hands)
         self.grasp = grasp
         self.whole_fraction = float(whole_fraction)
+        self.follow_partial_views = bool(follow_partial_views)
         self.reset()
 
     def reset(self) -> None:
@@ -109,7 +194,7 @@ class CubePoses:
         updated in place)."""
         hands = {arm: hand(np.asarray(joints, np.float64)) for arm, hand in self.hands.items()}
         self._take_hold(hands)
-        blobs = yaws = None
+        blobs = yaws = pixels = None
         for name in self.names:
             pose = self.poses.get(name)
             if pose is not None and pose.held_by is not None:
@@ -119,6 +204,7 @@ class CubePoses:
             if image is not None:
                 if blobs is None:
                     blobs, yaws = self.detector.blobs(image), self.detector.yaws(image)
+                    pixels = self.detector.pixels(image)
                 xy, yaw = self.detector.place(blobs[name]), yaws[name]
             whole = (
                 xy is not None
@@ -134,6 +220,9 @@ class CubePoses:
                 self.poses[name] = pose
             elif whole:
                 pose.xy, pose.z, pose.yaw = np.asarray(xy, np.float64), self.detector.plane_z, yaw
+            elif xy is not None and self.follow_partial_views:
+                moved = nearest_consistent_xy(self.detector, pixels[name], pose.xy, pose.yaw)
+                pose.xy = np.asarray(xy if moved is None else moved, np.float64)
         return self.poses
 
     def _take_hold(self, hands: dict[str, tuple[float, np.ndarray, float]]) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +49,9 @@ class RolloutConfig:
     action_dt_s: float = 1.0 / FPS  # seconds between chunk rows (the demonstrations' rate)
     control_hz: float = CONTROL_HZ  # target updates per sim second (the demonstrations' rate)
     noise: str = "fresh"  # fresh: new action noise per frame; episode: one draw per episode
+    # The flow's starting noise times this (1: openpi's standard normal; 0: every frame starts
+    # the denoising from zero, the deterministic sample).
+    noise_scale: float = 1.0
     object_state: str = ""  # what follows the joints in the state (workcell_cubes.OBJECT_STATES)
     speak: bool = True  # a subtask request every frame, scored against the stage
     resolution: tuple[int, int] = (96, 96)  # model image size (the preset's image_resolution)
@@ -61,6 +65,8 @@ class RolloutConfig:
                 f"object_state must be one of {workcell_cubes.OBJECT_STATES}, "
                 f"got {self.object_state!r}"
             )
+        if not 0.0 <= self.noise_scale <= 1.0:
+            raise ValueError(f"noise_scale must be in [0, 1], got {self.noise_scale}")
         if not self.execute_s > 0 or not self.action_dt_s > 0 or not self.control_hz > 0:
             raise ValueError("execute_s, action_dt_s and control_hz must be > 0")
         data.model_preset(self.preset, self.object_state)  # raises for a mismatched preset
@@ -81,6 +87,24 @@ class EpisodeResult:
     subtask_hits: int  # frames whose spoken subtask equals the stage at the observation
     subtask_said: int  # frames with a spoken subtask
     moved_arms: list[str]  # per frame: the arm the chunk moves more (train.moved_arm's rule)
+
+
+def executed_rows(execute_s: float, dt: float) -> int:
+    """How many of a chunk's first rows `chunk_target` passes through (or towards) while the
+    chunk is executed for `execute_s`."""
+    return int(np.ceil(execute_s / dt)) + 1
+
+
+def episode_line(seed: int, e: EpisodeResult, seconds: float = math.nan) -> str:
+    """One episode's result as the rollouts print it."""
+    line = (
+        f"seed {seed:>4} {e.instruction:45} success={e.success!s:5} "
+        f"stage={e.furthest_stage}/{e.num_stages - 1} "
+        f"closest={1000 * e.min_pinch_distance_m:.0f}mm "
+        f"subtask={e.subtask_hits}/{e.subtask_said} "
+        f"first_arm={e.moved_arms[0]} ({e.arm})"
+    )
+    return line if math.isnan(seconds) else f"{line} {seconds:.0f} s"
 
 
 def chunk_target(rows: np.ndarray, dt: float, elapsed: float) -> np.ndarray:
@@ -110,7 +134,8 @@ class EnginePolicy:
         index = self._seed * 100_000 + (0 if self.config.noise == "episode" else self._frame)
         self._frame += 1
         requests = [LanguageRequest(RequestKind.SUBTASK)] if self.config.speak else []
-        result = self.engine.step(observation, requests, noise=self.engine.make_noise(index))
+        noise = self.config.noise_scale * self.engine.make_noise(index)
+        result = self.engine.step(observation, requests, noise=noise)
         said = next((o.text for o in result.outputs if o.kind is RequestKind.SUBTASK), None)
         return np.asarray(result.actions.actions, np.float64)[:, : robot.NUM_JOINTS], said
 
@@ -238,15 +263,7 @@ def rollouts(
         for seed in seeds:
             started = time.monotonic()
             episodes.append(run_episode(policy, workcell, seed, config))
-            e = episodes[-1]
-            print(
-                f"seed {seed:>4} {e.instruction:45} success={e.success!s:5} "
-                f"stage={e.furthest_stage}/{e.num_stages - 1} "
-                f"closest={1000 * e.min_pinch_distance_m:.0f}mm "
-                f"subtask={e.subtask_hits}/{e.subtask_said} "
-                f"first_arm={e.moved_arms[0]} ({e.arm}) {time.monotonic() - started:.0f} s",
-                flush=True,
-            )
+            print(episode_line(seed, episodes[-1], time.monotonic() - started), flush=True)
     finally:
         workcell.close()
     return episodes, summarise(episodes)
@@ -266,6 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0:10", help='"first:stop" or "a,b,c"')
     parser.add_argument("--execute-s", type=float, default=RolloutConfig.execute_s)
     parser.add_argument("--noise", choices=NOISE_MODES, default=RolloutConfig.noise)
+    parser.add_argument("--noise-scale", type=float, default=RolloutConfig.noise_scale)
     data.add_object_state_argument(parser)
     parser.add_argument("--no-speak", action="store_true")
     parser.add_argument("--out", default="")
@@ -273,6 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = RolloutConfig(
         execute_s=args.execute_s,
         noise=args.noise,
+        noise_scale=args.noise_scale,
         object_state=args.object_state,
         speak=not args.no_speak,
         preset=args.preset,

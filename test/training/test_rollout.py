@@ -22,6 +22,24 @@ def test_chunk_target_interpolates_rows_then_holds_the_last():
     np.testing.assert_allclose(rollout.chunk_target(rows, 0.1, -1.0), [0.0, 1.0])
 
 
+@pytest.mark.parametrize("execute_s", [0.1, 0.15, 0.2, 0.25, 0.3])
+def test_executed_rows_are_the_rows_chunk_target_reads_while_executing(execute_s):
+    """Changing a row beyond `executed_rows` leaves every target of the execution unchanged;
+    changing the last row counted changes one (the positive control)."""
+    dt, rows = 0.1, np.arange(10.0)[:, None] * np.ones((1, 2))
+    n = rollout.executed_rows(execute_s, dt)
+    times = np.linspace(0.0, execute_s, 41)
+
+    def targets(r):
+        return np.stack([rollout.chunk_target(r, dt, t) for t in times])
+
+    beyond, last = rows.copy(), rows.copy()
+    beyond[n:] += 5.0
+    last[n - 1] += 5.0
+    np.testing.assert_array_equal(targets(beyond), targets(rows))
+    assert not np.array_equal(targets(last), targets(rows))
+
+
 def test_config_refuses_unknown_noise_and_non_positive_times():
     with pytest.raises(ValueError, match="noise"):
         rollout.RolloutConfig(noise="sometimes")
