@@ -8,11 +8,10 @@ and 45 degrees before the blob vanishes (docs/TRAINING.md run 16). `CubePoses` k
   corners; whole views measure 0.87-1.03 of it). A partial view (a hand over the cube hides
   part of it) must still be explained by the estimate: each of its pixels sees the cube
   somewhere along its ray between the table and the cube's top, so the ray's segment there
-  must meet the cube's square footprint. While it does, the estimate stays (`consistent`);
-  when the cube was pushed while hidden (no whole view may come while the hand stays over it),
-  the estimate moves to the nearest position, yaw kept, that explains the view
-  (`nearest_consistent_xy`), or to the partial view's placement when none within
-  `search_radius_m` does.
+  must meet the cube's square footprint. While it does, the estimate stays; when the cube was
+  pushed while hidden (no whole view may come while the hand stays over it), the estimate
+  moves to the nearest position, yaw kept, that explains the view (`nearest_consistent_xy`),
+  or to the partial view's placement when none within `SEARCH_RADIUS_M` does.
 - while a gripper holds the cube, the hand's account of it. An arm takes hold of a cube when
   its measured gripper has stopped between `held_min` and `held_max` (the fingers close on a
   4 cm cube near 0.6 and on nothing below 0.45) with its pinch point (forward kinematics of

@@ -13,7 +13,8 @@ Measured per episode: success, the furthest stage reached (`tasks.evaluate`'s st
 spoken subtask against the stage at each observation, and the frames run.
 
 `python -m oxygen_ros.training.rollout --checkpoint DIR --seeds 0:10 [--execute-s 0.5]
-[--noise fresh|episode] [--object-state [positions|poses|reach|target]] [--out results.json]`
+[--noise fresh|episode] [--noise-scale 1.0] [--object-state [positions|poses|reach|target]]
+[--out results.json]
 Nothing here imports rclpy.
 """
 
