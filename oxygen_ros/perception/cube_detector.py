@@ -144,8 +144,14 @@ class CubeDetector:
 
     def blobs(self, image: np.ndarray) -> dict[str, Blob | None]:
         """Per colour, its blob in an RGB uint8 image [H, W, 3] (None: too few pixels)."""
+        return self.blobs_of(self.pixels(image))
+
+    def blobs_of(
+        self, per_colour: Mapping[str, tuple[np.ndarray, np.ndarray] | None]
+    ) -> dict[str, Blob | None]:
+        """`blobs` from the image's `pixels`."""
         out: dict[str, Blob | None] = {}
-        for name, pixels in self.pixels(image).items():
+        for name, pixels in per_colour.items():
             if pixels is None:
                 out[name] = None
             else:
@@ -158,8 +164,14 @@ class CubeDetector:
     def yaws(self, image: np.ndarray) -> dict[str, float | None]:
         """Per colour, the cube's yaw modulo 90 degrees, in radians in [-pi/4, pi/4) (None: not
         seen, or a blob without a square's fourfold shape)."""
+        return self.yaws_of(self.pixels(image))
+
+    def yaws_of(
+        self, per_colour: Mapping[str, tuple[np.ndarray, np.ndarray] | None]
+    ) -> dict[str, float | None]:
+        """`yaws` from the image's `pixels`."""
         out: dict[str, float | None] = {}
-        for name, pixels in self.pixels(image).items():
+        for name, pixels in per_colour.items():
             out[name] = None
             if pixels is None:
                 continue

@@ -202,8 +202,8 @@ class CubePoses:
             xy = yaw = None
             if image is not None:
                 if blobs is None:
-                    blobs, yaws = self.detector.blobs(image), self.detector.yaws(image)
                     pixels = self.detector.pixels(image)
+                    blobs, yaws = self.detector.blobs_of(pixels), self.detector.yaws_of(pixels)
                 xy, yaw = self.detector.place(blobs[name]), yaws[name]
             whole = (
                 xy is not None
