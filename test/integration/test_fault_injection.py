@@ -408,11 +408,28 @@ class Rig:
         node's state and the end of its log."""
 
         def state() -> str:
-            node = self.inference
+            # Everything that tells where the chain stopped: frames reaching the test (the
+            # perception side), the inference node's own view (frames received and run, the
+            # action process), and both logs' ends.
+            node, perception = self.inference, self.perception
             alive = node is not None and node.alive()
             tail = node.log()[-3000:] if node is not None else "not started"
             got = len(self.actions_since(started))
-            return f"{count + 1} actions ({got} came; inference alive={alive}); log:\n{tail}"
+            with self.lock:
+                frames = sum(1 for f in self.frames if f[0] > started)
+            diag = self.status("inference")
+            seen = (
+                f"{diag.message!r} {time.monotonic() - diag.t:.1f} s ago: {diag.values}"
+                if diag is not None and diag.t > started
+                else "none since the start"
+            )
+            p_alive = perception is not None and perception.alive()
+            p_tail = perception.log()[-1500:] if perception is not None else "not started"
+            return (
+                f"{count + 1} actions ({got} came; inference alive={alive}; {frames} frames "
+                f"seen since; inference diagnostics {seen}); log:\n{tail}\n"
+                f"perception alive={p_alive}, log:\n{p_tail}"
+            )
 
         wait_for(lambda: len(self.actions_since(started)) > count, ENGINE_START_TIMEOUT_S, state)
 
