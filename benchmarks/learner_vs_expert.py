@@ -99,20 +99,6 @@ def summarise(frames: Sequence[Frame], executed: int) -> dict:
     }
 
 
-def whole_views_only() -> None:
-    """Makes every cube tracker built from now on read the camera from whole views only."""
-    from oxygen_ros.perception import workcell_cubes
-
-    build = workcell_cubes.cube_poses
-
-    def tracker(*args, **kwargs):
-        poses = build(*args, **kwargs)
-        poses.follow_partial_views = False
-        return poses
-
-    workcell_cubes.cube_poses = tracker
-
-
 def main(argv: list[str] | None = None) -> int:
     from oxygen_ros.resources import resolve_path
     from oxygen_ros.sim import robot, tasks
@@ -127,10 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--whole-views-only", action="store_true")
     data.add_object_state_argument(parser)  # as the checkpoint was trained
     args = parser.parse_args(argv)
-    if args.whole_views_only:
-        whole_views_only()
     config = rollout.RolloutConfig(
-        execute_s=args.execute_s, object_state=args.object_state, preset=args.preset, speak=False
+        execute_s=args.execute_s,
+        object_state=args.object_state,
+        preset=args.preset,
+        speak=False,
+        follow_partial_views=not args.whole_views_only,
     )
     checkpoint = args.checkpoint if args.checkpoint == "expert" else resolve_path(args.checkpoint)
     learner, config = rollout.make_policy(str(checkpoint), config)

@@ -31,6 +31,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -116,6 +117,18 @@ def _explained(low: np.ndarray, high: np.ndarray, centres: np.ndarray, yaw: floa
     return np.mean(enter <= leave, axis=1)
 
 
+@functools.lru_cache(maxsize=8)
+def _search_offsets(radius_m: float) -> np.ndarray:
+    """[N, 2] read-only: the `SEARCH_STEP_M` grid's offsets within `radius_m`, nearest first
+    (built once per radius, not per partial view)."""
+    steps = np.arange(-radius_m, radius_m + 1e-9, SEARCH_STEP_M)
+    grid = np.stack(np.meshgrid(steps, steps), axis=-1).reshape(-1, 2)
+    grid = grid[np.hypot(grid[:, 0], grid[:, 1]) <= radius_m]
+    grid = grid[np.argsort(np.hypot(grid[:, 0], grid[:, 1]), kind="stable")]
+    grid.flags.writeable = False
+    return grid
+
+
 def nearest_consistent_xy(
     detector: CubeDetector,
     pixels: tuple[np.ndarray, np.ndarray],
@@ -134,10 +147,7 @@ def nearest_consistent_xy(
     xy = np.asarray(xy, np.float64)
     if _explained(low, high, xy[None], yaw, half)[0] >= 1.0 - STRAY_PIXELS:
         return xy
-    steps = np.arange(-search_radius_m, search_radius_m + 1e-9, SEARCH_STEP_M)
-    grid = np.stack(np.meshgrid(steps, steps), axis=-1).reshape(-1, 2)
-    grid = grid[np.hypot(grid[:, 0], grid[:, 1]) <= search_radius_m]
-    grid = grid[np.argsort(np.hypot(grid[:, 0], grid[:, 1]), kind="stable")]
+    grid = _search_offsets(search_radius_m)
     for first in range(0, len(grid), SEARCH_BATCH):  # nearest first: stop at the first batch
         batch = grid[first : first + SEARCH_BATCH]
         good = np.flatnonzero(_explained(low, high, xy + batch, yaw, half) >= 1 - STRAY_PIXELS)

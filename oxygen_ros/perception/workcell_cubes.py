@@ -102,10 +102,22 @@ def hands() -> dict[str, Hand]:
     return {arm: hand(arm) for arm in robot.ARMS}
 
 
-def cube_poses(width: int, height: int, grasp: GraspConfig | None = None) -> CubePoses:
-    """Every cube's pose from top-camera images of width x height and the measured joints."""
+def cube_poses(
+    width: int,
+    height: int,
+    grasp: GraspConfig | None = None,
+    follow_partial_views: bool = True,
+) -> CubePoses:
+    """Every cube's pose from top-camera images of width x height and the measured joints
+    (`follow_partial_views`: `CubePoses`'s; False reads whole views only, the tracker before
+    2026-11-29, for comparisons)."""
     return CubePoses(
-        detector(width, height), CUBE_NAMES, TABLE_CENTRE_XY, hands(), grasp or GraspConfig()
+        detector(width, height),
+        CUBE_NAMES,
+        TABLE_CENTRE_XY,
+        hands(),
+        grasp or GraspConfig(),
+        follow_partial_views=follow_partial_views,
     )
 
 
@@ -125,9 +137,12 @@ def episode_cube_states(top_images: np.ndarray) -> np.ndarray:
 OBJECT_STATES = ("", "positions", "poses", "reach", "target")
 
 
-def object_state(kind: str, target: str | None = None) -> CubeState | CubePoseState | None:
+def object_state(
+    kind: str, target: str | None = None, follow_partial_views: bool = True
+) -> CubeState | CubePoseState | None:
     """A fresh per-episode source of the state's object part (`update(image, joints)`);
-    `target` (a `CUBE_NAMES` entry, for "target" only) is the instructed cube."""
+    `target` (a `CUBE_NAMES` entry, for "target" only) is the instructed cube;
+    `follow_partial_views` goes to the pose tracker (`cube_poses`; not read by "positions")."""
     if kind not in OBJECT_STATES:
         raise ValueError(f"object state must be one of {OBJECT_STATES}, got {kind!r}")
     if target is not None and kind != "target":
@@ -135,11 +150,11 @@ def object_state(kind: str, target: str | None = None) -> CubeState | CubePoseSt
     if kind == "positions":
         return CubeState()
     if kind == "poses":
-        return CubePoseState()
+        return CubePoseState(follow_partial_views=follow_partial_views)
     if kind == "reach":
-        return CubeReachState()
+        return CubeReachState(follow_partial_views=follow_partial_views)
     if kind == "target":
-        return CubeTargetState(target)
+        return CubeTargetState(target, follow_partial_views=follow_partial_views)
     return None
 
 
@@ -186,15 +201,18 @@ class CubePoseState:
 
     names = POSE_STATE_NAMES
 
-    def __init__(self, grasp: GraspConfig | None = None) -> None:
+    def __init__(
+        self, grasp: GraspConfig | None = None, follow_partial_views: bool = True
+    ) -> None:
         self._grasp = grasp
+        self._follow_partial_views = follow_partial_views
         self._poses: CubePoses | None = None
 
     def update(self, image: np.ndarray | None, joints: np.ndarray) -> np.ndarray:
         if image is not None:
             height, width = image.shape[:2]
             if self._poses is None:
-                self._poses = cube_poses(width, height, self._grasp)
+                self._poses = cube_poses(width, height, self._grasp, self._follow_partial_views)
             else:  # the same cubes seen through another image size
                 self._poses.detector = detector(width, height)
         if self._poses is None:
@@ -237,10 +255,15 @@ class CubeTargetState(CubePoseState):
 
     names = TARGET_STATE_NAMES
 
-    def __init__(self, target: str | None = None, grasp: GraspConfig | None = None) -> None:
+    def __init__(
+        self,
+        target: str | None = None,
+        grasp: GraspConfig | None = None,
+        follow_partial_views: bool = True,
+    ) -> None:
         if target is not None and target not in CUBE_NAMES:
             raise ValueError(f"target must be one of {CUBE_NAMES}, got {target!r}")
-        super().__init__(grasp)
+        super().__init__(grasp, follow_partial_views)
         self.target = target
 
     def update(self, image: np.ndarray | None, joints: np.ndarray) -> np.ndarray:

@@ -54,6 +54,9 @@ class RolloutConfig:
     # the denoising from zero, the deterministic sample).
     noise_scale: float = 1.0
     object_state: str = ""  # what follows the joints in the state (workcell_cubes.OBJECT_STATES)
+    # The cube tracker moves its estimate on partial views too (False: whole views only, the
+    # tracker before 2026-11-29; benchmarks/learner_vs_expert --whole-views-only).
+    follow_partial_views: bool = True
     speak: bool = True  # a subtask request every frame, scored against the stage
     resolution: tuple[int, int] = (96, 96)  # model image size (the preset's image_resolution)
     preset: str = ""  # the checkpoint's model preset ("": the object state's, data.model_preset)
@@ -172,7 +175,9 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
     policy.reset(workcell, spec)
     tracker = tasks.SuccessTracker()
     cubes = workcell_cubes.object_state(
-        config.object_state, data.target_of(config.object_state, spec)
+        config.object_state,
+        data.target_of(config.object_state, spec),
+        follow_partial_views=config.follow_partial_views,
     )
     ticks_per_frame = max(1, round(config.execute_s * config.control_hz))
     furthest, frames, hits, said = 0, 0, 0, 0

@@ -345,6 +345,16 @@ def test_the_tracker_follows_a_cube_pushed_while_half_hidden(cell) -> None:
         np.testing.assert_allclose(pose.start, (x, y), atol=0.005)
     assert errors[True] < 0.025
     assert errors[False] > 0.03
+    # The same through the state sources rollouts and training build (`object_state`, what
+    # RolloutConfig.follow_partial_views and learner_vs_expert --whole-views-only set): the
+    # target state's x, y follow the push only with the switch on.
+    state_errors = {}
+    for follow in (True, False):
+        state = workcell_cubes.object_state("target", spec.target, follow_partial_views=follow)
+        state.update(before, joints)
+        row = state.update(half_hidden, joints)
+        state_errors[follow] = float(np.linalg.norm(row[:2] - true))
+    np.testing.assert_allclose(list(state_errors.values()), list(errors.values()), atol=1e-6)
 
 
 def test_every_whole_view_is_explained_by_the_true_pose_and_only_nearby(cell) -> None:
