@@ -1,9 +1,11 @@
 """Counts XLA compilations through JAX's monitoring events (never by timing).
 
-JAX records the event `/jax/core/compile/backend_compile_duration` once per backend
-compilation (a jit cache miss that reaches XLA). One listener per process counts them; an
-engine reports the difference since it was built, so "no recompilation" is a plain integer
-comparison in tests and on the stats topic.
+JAX records the event `/jax/core/compile/backend_compile_duration` once per jit cache miss that
+reaches `compile_or_get_cached`: an XLA compilation, or (with a persistent compilation cache,
+`JAX_COMPILATION_CACHE_DIR`) an executable loaded from disk, so "no recompilation" means the
+same with and without that cache (`test/engine/test_compiles.py` checks both ways). One listener
+per process counts them; an engine reports the difference since it was built, so "no
+recompilation" is a plain integer comparison in tests and on the stats topic.
 
 Invariants:
 - The listener is registered once per process, on first use, and never removed.

@@ -32,13 +32,60 @@ def test_counter_moves_on_a_fresh_compilation_and_not_on_a_cache_hit() -> None:
     assert compiles.num_compiles() >= first + 1
 
 
+CACHE_PROBE = """
+import json, jax, numpy as np
+from jax._src import monitoring
+from oxygen_ros.engine import compiles
+hits = []
+monitoring.register_event_listener(
+    lambda event, **_: hits.append(1) if event == "/jax/compilation_cache/cache_hits" else None
+)
+f = jax.jit(lambda x: jax.numpy.sin(x) * 3.0 + x)
+x = np.arange(5, dtype=np.float32)
+counts = [compiles.num_compiles()]
+for _ in range(2):
+    f(x).block_until_ready()
+    counts.append(compiles.num_compiles())
+    jax.clear_caches()  # the in-memory caches only: the next call asks for a compilation again
+print(json.dumps({"counts": counts, "hits": len(hits)}))
+"""
+
+
+def run_cache_probe(cache_dir: Path) -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache_dir))
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    proc = subprocess.run(
+        [sys.executable, "-P", "-c", CACHE_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_persistent_cache_load_counts_as_a_compilation(tmp_path: Path) -> None:
+    """With a persistent compilation cache (what the node processes of the integration tests
+    use), a jit cache miss may be served from disk without an XLA compilation: it still counts
+    once. A fresh cache:
+    the first call compiles, the second (after clear_caches) loads (the positive control: the
+    cache event fires); a second process finds both in the cache: two loads, still two."""
+    cold = run_cache_probe(tmp_path)
+    assert cold["hits"] == 1, cold
+    assert np.diff(cold["counts"]).tolist() == [1, 1], cold
+    warm = run_cache_probe(tmp_path)
+    assert warm["hits"] == 2, warm
+    assert np.diff(warm["counts"]).tolist() == [1, 1], warm
+
+
 @pytest.mark.slow
 def test_a_warmed_up_engine_serves_every_active_count_without_compiling() -> None:
     """compile_probe.py in a new process: warmup(), then 1..num_slots active requests and
-    tail extends of every width."""
+    tail extends of every width (a persistent compilation cache in the environment may serve
+    them: its loads count too)."""
     env = dict(os.environ)
-    # A persistent-cache hit is no backend compilation: the counter would not see it.
-    env.pop("JAX_COMPILATION_CACHE_DIR", None)
     env.setdefault("JAX_PLATFORMS", "cpu")
     proc = subprocess.run(
         [sys.executable, "-P", str(PROBE)],
