@@ -34,10 +34,9 @@ def test_counter_moves_on_a_fresh_compilation_and_not_on_a_cache_hit() -> None:
 
 CACHE_PROBE = """
 import json, jax, numpy as np
-from jax._src import monitoring
 from oxygen_ros.engine import compiles
 hits = []
-monitoring.register_event_listener(
+jax.monitoring.register_event_listener(
     lambda event, **_: hits.append(1) if event == "/jax/compilation_cache/cache_hits" else None
 )
 f = jax.jit(lambda x: jax.numpy.sin(x) * 3.0 + x)
@@ -69,9 +68,9 @@ def run_cache_probe(cache_dir: Path) -> dict:
 def test_a_persistent_cache_load_counts_as_a_compilation(tmp_path: Path) -> None:
     """With a persistent compilation cache (what the node processes of the integration tests
     use), a jit cache miss may be served from disk without an XLA compilation: it still counts
-    once. A fresh cache:
-    the first call compiles, the second (after clear_caches) loads (the positive control: the
-    cache event fires); a second process finds both in the cache: two loads, still two."""
+    once. A fresh cache: the first call compiles, the second (after clear_caches) loads (the
+    positive control: the cache event fires); a second process finds both in the cache: two
+    loads, still two."""
     cold = run_cache_probe(tmp_path)
     assert cold["hits"] == 1, cold
     assert np.diff(cold["counts"]).tolist() == [1, 1], cold
