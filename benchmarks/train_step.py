@@ -7,15 +7,18 @@ not the matrix products, takes most of a step on a CPU, so a shorter prompt budg
 about quadratically. This benchmark builds a `train.Trainer` per preset (the tokenizer the
 preset is sized for: `workcell_poses_bins` needs the state-bins tokenizer) and times
 `Trainer.step` on fixed random batches of the preset's shapes (image dropout 0.5, as the
-workcell runs train), the presets interleaved round by round so that a noisy machine slows
-them alike. Reports per preset the stream length, XLA's flop count for the compiled step,
-the median step time and its ratio to the first preset's.
+workcell runs train), the variants interleaved round by round so that a noisy machine slows
+them alike. A variant is a preset and a number of action draws per sample
+(`TrainConfig.action_draws`: k noisy chunks read against one prefix pass). Reports per
+variant the stream length, XLA's flop count for the compiled step, the median step time and
+its ratio to the first variant's.
 
     python benchmarks/train_step.py [--presets workcell_poses,workcell_poses_bins]
-        [--batch-size 16] [--rounds 5] [--steps 4] [--out F]
+        [--action-draws 1[,4,...]] [--batch-size 16] [--rounds 5] [--steps 4] [--out F]
 
 writes JSON (default benchmarks/results/train_step.json) and prints a table; the last line is
-`train_step <preset>=<s> ... ratio=<last / first>`.
+`train_step <variant>=<s> ... ratio=<last / first>` (a variant: `<preset>` with one draw,
+`<preset>:k<draws>` otherwise).
 """
 
 from __future__ import annotations
@@ -66,14 +69,18 @@ def random_batch(preset: str, batch_size: int, vocab: int, seed: int) -> _loss.B
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--presets", default="workcell_poses,workcell_poses_bins")
+    parser.add_argument("--action-draws", default="1", help="comma list of draws per sample")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per preset")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per round")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/train_step.json"))
     args = parser.parse_args(argv)
-    presets = [p for p in args.presets.split(",") if p]
+    variants = [
+        (p, int(d)) for p in args.presets.split(",") if p for d in args.action_draws.split(",")
+    ]
+    names = [p if d == 1 else f"{p}:k{d}" for p, d in variants]
     trainers, batches, result = {}, {}, {}
-    for preset in presets:
+    for name, (preset, draws) in zip(names, variants, strict=True):
         config = get_model_config(preset)
         tokenizer = Tokenizer(_data.preset_tokenizer(preset))
         train_config = train.TrainConfig(
@@ -82,41 +89,45 @@ def main(argv: list[str] | None = None) -> int:
             preset=preset,
             object_state=_data.object_state_of(preset),
             batch_size=args.batch_size,
+            action_draws=draws,
         )
         trainer = train.Trainer(train_config, create_model(config, seed=0), tokenizer.vocab_size)
-        batches[preset] = [
+        batches[name] = [
             random_batch(preset, args.batch_size, tokenizer.vocab_size, seed)
             for seed in range(args.steps)
         ]
         started = time.perf_counter()
-        trainer.step(jax.random.key(0), batches[preset][0])
+        trainer.step(jax.random.key(0), batches[name][0])
         compile_s = time.perf_counter() - started
         cost = trainer._fns.step.lower(
-            trainer.params, trainer.opt_state, jax.random.key(0), batches[preset][0]
+            trainer.params, trainer.opt_state, jax.random.key(0), batches[name][0]
         )
         analysis = cost.compile().cost_analysis()
         analysis = analysis[0] if isinstance(analysis, list) else analysis
-        trainers[preset] = trainer
+        trainers[name] = trainer
         stream = config.prefix_len + _data.LANGUAGE_BLOCK_LEN + config.action_horizon
-        result[preset] = {
+        result[name] = {
+            "preset": preset,
+            "action_draws": draws,
             "prefix_len": config.prefix_len,
             "stream_len": stream,
+            "action_rows": draws * config.action_horizon,
             "gflop_per_step": float(analysis.get("flops", 0.0)) / 1e9,
             "first_step_s": compile_s,
             "step_s": [],
         }
     for _ in range(args.rounds):
-        for preset in presets:
-            trainer = trainers[preset]
+        for name in names:
+            trainer = trainers[name]
             started = time.perf_counter()
-            for i, batch in enumerate(batches[preset]):
+            for i, batch in enumerate(batches[name]):
                 trainer.step(jax.random.key(i + 1), batch)  # returns floats: waits for the step
-            result[preset]["step_s"].append((time.perf_counter() - started) / args.steps)
-    first = float(np.median(result[presets[0]]["step_s"]))
-    for preset in presets:
-        median = float(np.median(result[preset]["step_s"]))
-        result[preset]["median_step_s"] = median
-        result[preset]["ratio_to_first"] = median / first
+            result[name]["step_s"].append((time.perf_counter() - started) / args.steps)
+    first = float(np.median(result[names[0]]["step_s"]))
+    for name in names:
+        median = float(np.median(result[name]["step_s"]))
+        result[name]["median_step_s"] = median
+        result[name]["ratio_to_first"] = median / first
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     summary = {
@@ -125,19 +136,20 @@ def main(argv: list[str] | None = None) -> int:
         "steps_per_round": args.steps,
         "jax": jax.__version__,
         "devices": [str(d) for d in jax.devices()],
-        "presets": result,
+        "variants": result,
     }
     out.write_text(json.dumps(summary, indent=1))
-    print("| preset | prefix | stream | GFLOP/step | median step (s) | ratio |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for preset in presets:
-        r = result[preset]
+    print("| variant | prefix | stream | action rows | GFLOP/step | median step (s) | ratio |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name in names:
+        r = result[name]
         print(
-            f"| {preset} | {r['prefix_len']} | {r['stream_len']} | {r['gflop_per_step']:.2f} "
+            f"| {name} | {r['prefix_len']} | {r['stream_len']} | {r['action_rows']} "
+            f"| {r['gflop_per_step']:.2f} "
             f"| {r['median_step_s']:.3f} | {r['ratio_to_first']:.2f} |"
         )
-    times = " ".join(f"{p}={result[p]['median_step_s']:.3f}" for p in presets)
-    print(f"train_step {times} ratio={result[presets[-1]]['ratio_to_first']:.2f}")
+    times = " ".join(f"{n}={result[n]['median_step_s']:.3f}" for n in names)
+    print(f"train_step {times} ratio={result[names[-1]]['ratio_to_first']:.2f}")
     return 0
 
 

@@ -1,20 +1,24 @@
 """Training loss: openpi's flow-matching action loss plus next-token cross-entropy on language
-targets placed exactly as the engine serves them, in one forward pass.
+targets placed exactly as the engine serves them.
 
-Token layout of one pass (prefix LLM stream, then the action expert stream):
+Token layout (the engine's prefill, extend and denoise, in two passes of the model):
 
-    [ prefix: images + pi0.5 prompt | language block: per kind, tail + target | actions ]
+    pass 1, prefix LLM:    [ prefix: images + pi0.5 prompt | language block: tail + target ]
+    pass 2, action expert: [ noisy actions ], reading pass 1's KV cache
 
 - prefix: bidirectional over its valid tokens (openpi), positions cumsum(mask) - 1;
 - language block: each kind's segment attends the valid prefix and, causally, its own earlier
-  tokens, never another segment or the actions; a segment's token i sits at position
-  valid_len(prefix) + i. That is `model_fns.extend` + `decode_step` (and the uncached
-  `full_forward_logits`): what the engine decodes at run time is what is trained here.
+  tokens, never another segment; a segment's token i sits at position valid_len(prefix) + i.
+  That is `model_fns.extend` + `decode_step` (and the uncached `full_forward_logits`): what
+  the engine decodes at run time is what is trained here.
 - actions: openpi's `Pi0.compute_loss` suffix: noisy actions x_t = t * noise + (1 - t) * a
   with t ~ Beta(1.5, 1) * 0.999 + 0.001, adaRMS time conditioning, attending the valid prefix
-  and each other; target u_t = noise - a; loss = mean over the action dim of (v_t - u_t)^2.
-  The random streams are split as openpi splits them (preprocess, noise, time), so for the
-  same rng the action loss equals openpi's (a test compares on openpi's own Pi0).
+  and each other (never the language block); target u_t = noise - a; loss = mean over the
+  action dim of (v_t - u_t)^2. The random streams are split as openpi splits them
+  (preprocess, noise, time), so for the same rng the action loss equals openpi's (a test
+  compares on openpi's own Pi0). With `action_draws` k > 1, each row gets k independent
+  (noise, time) draws, each read against the same prefix cache (pass 2 runs k copies of the
+  rows), and its loss is their mean: k samples of openpi's loss for one prefix pass.
 
 Images pass through openpi's `preprocess_observation` at the model resolution (its training
 augmentations when `augment` is on).
@@ -63,12 +67,17 @@ class Losses(NamedTuple):
 
 
 def flow_inputs(
-    rng: jax.Array, actions: Float[Array, "b a j"]
-) -> tuple[jax.Array, Float[Array, "b a j"], Float[Array, "b a j"], Float[Array, " b"]]:
-    """openpi's draws for one batch: (preprocess rng, x_t, u_t, time)."""
+    rng: jax.Array, actions: Float[Array, "b a j"], draws: int = 1
+) -> tuple[jax.Array, Float[Array, "k b a j"], Float[Array, "k b a j"], Float[Array, "k b"]]:
+    """openpi's draws for one batch: (preprocess rng, x_t, u_t, time), `draws` independent
+    (noise, time) pairs per row; with one draw, exactly openpi's (same rng split and shapes)."""
+    if draws < 1:
+        raise ValueError(f"need draws >= 1, got {draws}")
     preprocess_rng, noise_rng, time_rng = jax.random.split(rng, 3)
-    noise = jax.random.normal(noise_rng, actions.shape)
-    time = jax.random.beta(time_rng, 1.5, 1, actions.shape[:-2]) * 0.999 + 0.001
+    shape = actions.shape if draws == 1 else (draws, *actions.shape)
+    noise = jax.random.normal(noise_rng, shape).reshape(draws, *actions.shape)
+    time = jax.random.beta(time_rng, 1.5, 1, shape[:-2]) * 0.999 + 0.001
+    time = time.reshape(draws, actions.shape[0])
     expanded = time[..., None, None]
     return preprocess_rng, expanded * noise + (1 - expanded) * actions, noise - actions, time
 
@@ -93,63 +102,52 @@ def _preprocess_images(
     return processed.images
 
 
-def attention_layout(
+def context_layout(
     prefix_mask: Bool[Array, "b s"],
     lang_mask: Bool[Array, "b t"],
     lang_segment: Int[Array, "b t"],
     lang_index: Int[Array, "b t"],
-    horizon: int,
 ) -> tuple[Bool[Array, "b n n"], Int[Array, "b n"]]:
-    """Attention mask and positions of [prefix | language block | actions] (n = s + t + a)."""
-    batch, num_prefix = prefix_mask.shape
+    """Attention mask and positions of [prefix | language block] (n = s + t)."""
     num_lang = lang_mask.shape[1]
-    suffix_mask = jnp.ones((batch, horizon), dtype=bool)
-    suffix_ar = jnp.zeros((horizon,), dtype=bool).at[0].set(True)
-    # openpi's compute_loss mask over [prefix | actions].
-    openpi_mask = make_attn_mask(
-        jnp.concatenate([prefix_mask, suffix_mask], axis=1),
-        jnp.concatenate([jnp.zeros((num_prefix,), dtype=bool), suffix_ar]),
-    )
+    # openpi's prefix: bidirectional over the valid tokens.
+    prefix_prefix = make_attn_mask(prefix_mask, jnp.zeros((prefix_mask.shape[1],), dtype=bool))
     same_segment = lang_segment[:, :, None] == lang_segment[:, None, :]
     causal = lang_index[:, None, :] <= lang_index[:, :, None]
     lang_lang = same_segment & causal & lang_mask[:, :, None] & lang_mask[:, None, :]
     lang_prefix = lang_mask[:, :, None] & prefix_mask[:, None, :]
-    none = jnp.zeros
     rows_prefix = jnp.concatenate(
-        [
-            openpi_mask[:, :num_prefix, :num_prefix],
-            none((batch, num_prefix, num_lang), bool),
-            openpi_mask[:, :num_prefix, num_prefix:],
-        ],
-        axis=2,
+        [prefix_prefix, jnp.zeros((*prefix_mask.shape, num_lang), bool)], axis=2
     )
-    rows_lang = jnp.concatenate(
-        [lang_prefix, lang_lang, none((batch, num_lang, horizon), bool)], axis=2
-    )
-    rows_actions = jnp.concatenate(
-        [
-            openpi_mask[:, num_prefix:, :num_prefix],
-            none((batch, horizon, num_lang), bool),
-            openpi_mask[:, num_prefix:, num_prefix:],
-        ],
-        axis=2,
-    )
-    mask = jnp.concatenate([rows_prefix, rows_lang, rows_actions], axis=1)
+    rows_lang = jnp.concatenate([lang_prefix, lang_lang], axis=2)
+    mask = jnp.concatenate([rows_prefix, rows_lang], axis=1)
     valid_len = jnp.sum(prefix_mask, axis=-1)[:, None]
-    positions = jnp.concatenate(
+    positions = jnp.concatenate([jnp.cumsum(prefix_mask, axis=1) - 1, valid_len + lang_index], 1)
+    return mask, positions
+
+
+def action_layout(
+    prefix_mask: Bool[Array, "b s"], num_lang: int, horizon: int
+) -> tuple[Bool[Array, "b a m"], Int[Array, "b a"]]:
+    """openpi's compute_loss suffix over a [prefix | language block] cache (m = s + t + a):
+    the action rows attend the valid prefix and each other, never the language block."""
+    batch = prefix_mask.shape[0]
+    suffix_ar = jnp.zeros((horizon,), dtype=bool).at[0].set(True)
+    mask = jnp.concatenate(
         [
-            jnp.cumsum(prefix_mask, axis=1) - 1,
-            valid_len + lang_index,
-            valid_len + jnp.arange(horizon)[None, :],
+            jnp.broadcast_to(prefix_mask[:, None, :], (batch, horizon, prefix_mask.shape[1])),
+            jnp.zeros((batch, horizon, num_lang), bool),
+            make_attn_mask(jnp.ones((batch, horizon), dtype=bool), suffix_ar),
         ],
-        axis=1,
+        axis=2,
     )
+    positions = jnp.sum(prefix_mask, axis=-1)[:, None] + jnp.arange(horizon)[None, :]
     return mask, positions
 
 
 class Forward(NamedTuple):
-    v_t: Float[Array, "b a j"]  # predicted flow of the noisy actions
-    u_t: Float[Array, "b a j"]  # target flow (noise - actions)
+    v_t: Float[Array, "k b a j"]  # predicted flow of each draw's noisy actions
+    u_t: Float[Array, "k b a j"]  # target flow (noise - actions)
     logits: Float[Array, "b t v"]  # after every language-block token (first vocab_size ids)
 
 
@@ -160,24 +158,37 @@ def forward(
     *,
     vocab_size: int,
     augment: bool = False,
+    action_draws: int = 1,
 ) -> Forward:
-    """One pass over [prefix | language block | noisy actions]."""
-    preprocess_rng, x_t, u_t, time = flow_inputs(rng, batch.actions)
+    """[prefix | language block] once, then `action_draws` noisy action chunks per row, each
+    reading that pass's KV (the engine's prefill + denoise layout)."""
+    preprocess_rng, x_t, u_t, time = flow_inputs(rng, batch.actions, action_draws)
     images = _preprocess_images(model, preprocess_rng, batch, augment)
     prefix, prefix_mask, _ = model.embed_prefix(
         images, batch.image_masks, batch.tokens, batch.token_mask
     )
-    horizon = batch.actions.shape[1]
-    mask, positions = attention_layout(
-        prefix_mask, batch.lang_mask, batch.lang_segment, batch.lang_index, horizon
+    mask, positions = context_layout(
+        prefix_mask, batch.lang_mask, batch.lang_segment, batch.lang_index
     )
-    suffix, adarms_cond = model.embed_suffix(x_t, time)
     stream = jnp.concatenate([prefix, model.embed_tokens(batch.lang_tokens)], axis=1)
-    (stream_out, suffix_out), _ = model.llm(
-        [stream, suffix], mask=mask, positions=positions, adarms_cond=[None, adarms_cond]
-    )
-    v_t = model.action_out_proj(suffix_out[:, -horizon:])
+    (stream_out, _), (k, v) = model.llm([stream, None], mask=mask, positions=positions)
     logits = model.logits(stream_out[:, prefix.shape[1] :], vocab_size).astype(jnp.float32)
+    draws, rows, horizon = x_t.shape[:3]
+    # Draw-major copies of each row's cache: copy d of row i is row d * rows + i.
+    suffix_mask, suffix_positions = action_layout(
+        jnp.tile(prefix_mask, (draws, 1)), batch.lang_mask.shape[1], horizon
+    )
+    suffix, adarms_cond = model.embed_suffix(
+        x_t.reshape(draws * rows, *x_t.shape[2:]), time.reshape(draws * rows)
+    )
+    (_, suffix_out), _ = model.llm(
+        [None, suffix],
+        mask=suffix_mask,
+        positions=suffix_positions,
+        kv_cache=(jnp.tile(k, (1, draws, 1, 1, 1)), jnp.tile(v, (1, draws, 1, 1, 1))),
+        adarms_cond=[None, adarms_cond],
+    )
+    v_t = model.action_out_proj(suffix_out).reshape(x_t.shape)
     return Forward(v_t, u_t, logits)
 
 
@@ -188,10 +199,13 @@ def compute_losses(
     *,
     vocab_size: int,
     augment: bool = False,
+    action_draws: int = 1,
 ) -> Losses:
-    """Per-row action loss and per-token language loss of one batch (one forward pass)."""
-    out = forward(model, rng, batch, vocab_size=vocab_size, augment=augment)
-    action = jnp.mean(jnp.square(out.v_t - out.u_t), axis=-1)
+    """Per-row action loss (the mean over the draws) and per-token language loss."""
+    out = forward(
+        model, rng, batch, vocab_size=vocab_size, augment=augment, action_draws=action_draws
+    )
+    action = jnp.mean(jnp.square(out.v_t - out.u_t), axis=(0, -1))
     nll = optax.softmax_cross_entropy_with_integer_labels(out.logits, batch.lang_labels)
     nll = jnp.where(batch.lang_loss_mask, nll, 0.0)
     correct = (jnp.argmax(out.logits, axis=-1) == batch.lang_labels) & batch.lang_loss_mask

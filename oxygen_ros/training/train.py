@@ -8,7 +8,9 @@ first). Steps, on 2 CPU cores:
    unless `--fresh-norm-stats`: `training_norm_stats`); samples tokenised as the engine serves
    them (training/data.py).
 3. AdamW (optax) with linear warm-up and cosine decay, global-norm clipping; loss = openpi's
-   flow-matching action loss + `language_weight` x token cross-entropy (training/loss.py).
+   flow-matching action loss + `language_weight` x token cross-entropy (training/loss.py);
+   with `--action-draws k`, each sample's action loss is the mean over k (noise, time) draws
+   read against one prefix pass (held-out evaluations keep one draw, comparable across runs).
    With `--state-dropout p`, a fraction p of the samples in each batch carry their episode's
    first (home) joint state in the prompt instead of their own (training/data.py), so the arm
    that acts must be read from the instruction and the images, as on a first frame.
@@ -97,6 +99,7 @@ class TrainConfig:
     weight_decay: float = 1e-4
     clip_norm: float = 1.0
     language_weight: float = 0.25
+    action_draws: int = 1  # (noise, time) draws per sample in training (loss.forward)
     augment: bool = False
     heldout: int = 10  # episodes (highest seeds) kept out of training
     eval_every: int = 250
@@ -121,6 +124,8 @@ class TrainConfig:
             object.__setattr__(self, "tokenizer_path", str(_data.preset_tokenizer(self.preset)))
         if self.steps < 2 or self.batch_size < 1 or self.eval_every < 1:
             raise ValueError("need steps >= 2, batch_size >= 1 and eval_every >= 1")
+        if self.action_draws < 1:
+            raise ValueError("need action_draws >= 1")
         if self.heldout < 1 or self.eval_samples < 1:
             raise ValueError("need heldout >= 1 episode and eval_samples >= 1")
         if self.min_norm_range < 0:
@@ -176,6 +181,7 @@ class _Statics:
     clip_norm: float
     language_weight: float
     augment: bool
+    action_draws: int
 
 
 class _Compiled:
@@ -210,16 +216,23 @@ class _Compiled:
         leaves[self.embedding] = jnp.concatenate([table, rest])
         return nnx.merge(self.graphdef, jax.tree.unflatten(self.treedef, leaves))
 
-    def _losses(self, params, rng, batch: _loss.Batch, augment: bool) -> _loss.Losses:
+    def _losses(
+        self, params, rng, batch: _loss.Batch, augment: bool, action_draws: int = 1
+    ) -> _loss.Losses:
         return _loss.compute_losses(
-            self.model(params), rng, batch, vocab_size=self.statics.vocab_size, augment=augment
+            self.model(params),
+            rng,
+            batch,
+            vocab_size=self.statics.vocab_size,
+            augment=augment,
+            action_draws=action_draws,
         )
 
     def _step(self, params, opt_state, rng, batch: _loss.Batch):
         statics = self.statics
 
         def objective(p):
-            losses = self._losses(p, rng, batch, statics.augment)
+            losses = self._losses(p, rng, batch, statics.augment, statics.action_draws)
             total = _loss.total_loss(losses, batch.lang_loss_mask, statics.language_weight)
             return total, losses
 
@@ -262,7 +275,7 @@ class Trainer:
             _Statics(
                 model.config, vocab_size, config.steps, config.warmup_steps, config.peak_lr,
                 config.end_lr, config.weight_decay, config.clip_norm, config.language_weight,
-                config.augment,
+                config.augment, config.action_draws,
             )
         )  # fmt: skip
         leaves, treedef = jax.tree.flatten(nnx.state(model))

@@ -157,3 +157,49 @@ def test_cross_entropy_counts_only_target_tokens(workcell_model) -> None:
     assert np.all(np.asarray(losses.token_nll[:, 3:]) == 0)
     assert np.all(np.asarray(losses.token_nll[:, :3]) > 0)
     assert not np.asarray(losses.token_correct[:, 3:]).any()
+
+
+def test_each_action_draw_is_the_engines_flow_at_its_own_noise_and_time(workcell_model) -> None:
+    """k draws per row in one pass: draw d of row i is what the engine's denoiser computes
+    from that row's prefill at (x_t, t) of that draw, and the row's loss is their mean."""
+    draws = 3
+    batch = make_batch(WORKCELL, batch_size=2, seed=4)
+    rng = jax.random.key(7)
+    out = jax.jit(
+        lambda b: loss.forward(workcell_model, rng, b, vocab_size=VOCAB, action_draws=draws)
+    )(batch)
+    _, x_t, u_t, time = loss.flow_inputs(rng, batch.actions, draws)
+    assert out.v_t.shape == (draws, 2, WORKCELL.action_horizon, WORKCELL.action_dim)
+    np.testing.assert_allclose(np.asarray(out.u_t), np.asarray(u_t), atol=1e-6)
+    # Independent draws: every row's times and noises differ between draws.
+    assert np.abs(np.diff(np.asarray(time), axis=0)).min() > 1e-4
+    assert np.abs(np.asarray(u_t[0] - u_t[1])).max() > 0.1
+
+    @jax.jit
+    def served(inputs, x, t):
+        prefix = model_fns.prefill(workcell_model, inputs)
+        return model_fns.action_velocity(workcell_model, prefix, WORKCELL.action_horizon)(x, t)
+
+    for i in range(2):
+        inputs = model_fns.PrefixInputs(
+            {k: im[i : i + 1] for k, im in batch.images.items()},
+            {k: m[i : i + 1] for k, m in batch.image_masks.items()},
+            batch.tokens[i : i + 1],
+            batch.token_mask[i : i + 1],
+        )
+        for d in range(draws):
+            expected = served(inputs, x_t[d, i : i + 1], time[d, i])
+            np.testing.assert_allclose(
+                np.asarray(out.v_t[d, i]), np.asarray(expected[0]), rtol=1e-4, atol=1e-4
+            )
+    # The flows differ between draws, so matching each one above is not vacuous.
+    assert np.abs(np.asarray(out.v_t[0] - out.v_t[1])).max() > 0.05
+    per_draw = np.mean(np.square(np.asarray(out.v_t) - np.asarray(u_t)), axis=-1)
+    got = jax.jit(
+        lambda b: (
+            loss.compute_losses(
+                workcell_model, rng, b, vocab_size=VOCAB, action_draws=draws
+            ).action
+        )
+    )(batch)
+    np.testing.assert_allclose(np.asarray(got), per_draw.mean(axis=0), rtol=1e-5, atol=1e-7)

@@ -16,6 +16,7 @@ from oxygen_ros.engine import model_fns
 from oxygen_ros.engine.checkpoint import Normalizer, params_into_model
 from oxygen_ros.engine.config import NormConfig, PromptConfig, get_model_config
 from oxygen_ros.engine.engine import Engine
+from oxygen_ros.engine.model import create_model
 from oxygen_ros.engine.tokenizer import (
     BUNDLED_TOKENIZER_PATH,
     STATE_BINS_TOKENIZER_PATH,
@@ -25,7 +26,7 @@ from oxygen_ros.engine.tokenizer import (
 from oxygen_ros.engine.types import Observation
 from oxygen_ros.nodes.image_conversion import resize_with_pad
 from oxygen_ros.sim import recorder, robot
-from oxygen_ros.training import bin_embeddings, data, train
+from oxygen_ros.training import bin_embeddings, data, loss, train
 
 pytestmark = pytest.mark.slow
 
@@ -407,3 +408,30 @@ def test_image_dropout_masks_every_camera_of_the_dropped_rows(demos_dir) -> None
     assert all(np.asarray(m).all() for m in batch.image_masks.values())
     with pytest.raises(ValueError, match="image_dropout"):
         train.TrainConfig(data_dir="d", out_dir="o", image_dropout=1.5)
+
+
+def test_a_step_trains_on_the_configured_action_draws(demos_dir) -> None:
+    """The step's action loss is the mean over `action_draws` draws of the loss module's
+    (held-out evaluation keeps one draw); one and two draws give different losses."""
+    config, samples = _workcell_samples(demos_dir)
+    batch = train.to_batch(samples.take(np.array([0, 5])), config.image_keys)
+    vocab = Tokenizer(str(BUNDLED_TOKENIZER_PATH)).vocab_size
+    rng = jax.random.key(3)
+    got = {}
+    for draws in (1, 2):
+        trainer = train.Trainer(
+            train.TrainConfig(data_dir="d", out_dir="o", action_draws=draws),
+            create_model(config, seed=0),
+            vocab,
+        )
+        model = trainer._fns.model(trainer.params)
+        expected = jax.jit(
+            lambda b, m=model, k=draws: (
+                loss.compute_losses(m, rng, b, vocab_size=vocab, action_draws=k).action
+            )
+        )(batch)
+        got[draws] = trainer.step(rng, batch)["action_loss"]
+        assert got[draws] == pytest.approx(float(np.mean(expected)), rel=1e-5)
+    assert abs(got[1] - got[2]) > 1e-3 * got[1]
+    with pytest.raises(ValueError, match="action_draws"):
+        train.TrainConfig(data_dir="d", out_dir="o", action_draws=0)
