@@ -224,11 +224,49 @@ def load_episodes(
 def _load_part(
     paths: Sequence[str | os.PathLike], config: ModelConfig, object_state: str
 ) -> Episodes | None:
-    """One worker's share of `load_episodes_parallel` (None: no episode to train on)."""
+    """One worker's share of `load_episode_groups` (None: no episode to train on)."""
     try:
         return load_episodes(paths, config, object_state=object_state)
     except NoEpisodesError:
         return None
+
+
+def load_episode_groups(
+    groups: Sequence[Sequence[str | os.PathLike]],
+    config: ModelConfig,
+    object_state: str = "",
+    workers: int = 1,
+) -> list[Episodes]:
+    """`load_episodes` of each group of paths (for example the training and the held-out
+    episodes), every group split into `workers` contiguous shares and all the shares read by
+    one pool of `workers` processes (the object state's perception over every recorded top
+    frame is the slow part), merged in order: per group the arrays one process gives."""
+    if workers < 1:
+        raise ValueError(f"need workers >= 1, got {workers}")
+    groups = [list(g) for g in groups]
+    if workers == 1 or all(len(g) < 2 for g in groups):
+        return [load_episodes(g, config, object_state=object_state) for g in groups]
+    import multiprocessing
+
+    from oxygen_ros.sim import generate_demos
+
+    jobs, owners = [], []
+    for index, group in enumerate(groups):
+        for first, count in generate_demos.split_range(len(group), workers):
+            jobs.append((group[first : first + count], config, object_state))
+            owners.append(index)
+    # spawn: nothing (MuJoCo, XLA threads) is inherited from the parent.
+    level = (logger.getEffectiveLevel(),)
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(min(workers, len(jobs)), generate_demos.log_to_stderr, level) as pool:
+        results = pool.starmap(_load_part, jobs, chunksize=1)
+    loaded = []
+    for index in range(len(groups)):
+        parts = [r for r, o in zip(results, owners, strict=True) if o == index and r is not None]
+        if not parts:
+            raise NoEpisodesError("no successful episodes to train on")
+        loaded.append(merge_episodes(parts))
+    return loaded
 
 
 def load_episodes_parallel(
@@ -237,30 +275,9 @@ def load_episodes_parallel(
     object_state: str = "",
     workers: int = 1,
 ) -> Episodes:
-    """`load_episodes` with the paths split into `workers` contiguous shares, each read in its
-    own process (the object state's perception over every recorded top frame is the slow
-    part), merged in order: the same arrays as one process gives."""
-    if workers < 1:
-        raise ValueError(f"need workers >= 1, got {workers}")
-    paths = list(paths)
-    if workers == 1 or len(paths) < 2:
-        return load_episodes(paths, config, object_state=object_state)
-    import multiprocessing
-
-    from oxygen_ros.sim import generate_demos
-
-    jobs = [
-        (paths[first : first + count], config, object_state)
-        for first, count in generate_demos.split_range(len(paths), workers)
-    ]
-    # spawn: nothing (MuJoCo, XLA threads) is inherited from the parent.
-    level = (logger.getEffectiveLevel(),)
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(len(jobs), generate_demos.log_to_stderr, level) as pool:
-        parts = [part for part in pool.starmap(_load_part, jobs) if part is not None]
-    if not parts:
-        raise NoEpisodesError("no successful episodes to train on")
-    return merge_episodes(parts)
+    """`load_episodes` with the paths split into `workers` processes (`load_episode_groups`
+    of one group): the same arrays as one process gives."""
+    return load_episode_groups([paths], config, object_state, workers)[0]
 
 
 def merge_episodes(parts: Sequence[Episodes]) -> Episodes:

@@ -680,17 +680,14 @@ def plot_curves(records: list[dict], path: pathlib.Path) -> None:
 
 
 def load_split(config: TrainConfig, workers: int = 1) -> tuple[_data.Episodes, _data.Episodes]:
-    """(train, held-out) episodes of `config.data_dir` (held-out: the highest seeds), each
-    read by `workers` processes."""
+    """(train, held-out) episodes of `config.data_dir` (held-out: the highest seeds), read by
+    one pool of `workers` processes."""
     model_config = get_model_config(config.preset)
     paths = [p for d in config.data_dir.split(",") for p in recorder.list_episodes(d)]
     train_paths, heldout_paths = split_episodes(paths, config.heldout)
     started = time.monotonic()
-    split = tuple(
-        _data.load_episodes_parallel(
-            part, model_config, object_state=config.object_state, workers=workers
-        )
-        for part in (train_paths, heldout_paths)
+    train_eps, heldout_eps = _data.load_episode_groups(
+        (train_paths, heldout_paths), model_config, config.object_state, workers
     )
     logger.info(
         "read %d episode files in %.0f s with %d worker(s)",
@@ -698,7 +695,7 @@ def load_split(config: TrainConfig, workers: int = 1) -> tuple[_data.Episodes, _
         time.monotonic() - started,
         workers,
     )
-    return split
+    return train_eps, heldout_eps
 
 
 def train(

@@ -324,18 +324,23 @@ def test_a_checkpoints_preset_must_fit_its_object_state() -> None:
 
 
 def test_parallel_loading_gives_the_same_arrays(demos_dir) -> None:
-    """`load_episodes_parallel` (each share of the paths in its own process) merges to the
-    arrays one process reads, object state and episode numbering included."""
+    """`load_episode_groups` (two groups, as training and held-out episodes, each split over
+    two processes of one pool) gives per group the arrays one process reads, object state
+    and episode numbering included."""
     paths = recorder.list_episodes(demos_dir)
+    assert len(paths) >= 3
+    groups = (paths[:-1], paths[-1:])
     config = get_model_config("workcell_reach_bins")
-    one = data.load_episodes(paths, config, object_state="reach")
-    two = data.load_episodes_parallel(paths, config, object_state="reach", workers=2)
-    assert len(set(two.episode.tolist())) == len(paths) > 1
-    for field in ("state", "actions", "episode", "stage"):
-        np.testing.assert_array_equal(getattr(two, field), getattr(one, field))
-    for slot in config.image_keys:
-        np.testing.assert_array_equal(two.images[slot], one.images[slot])
-    assert two.seeds == one.seeds and two.specs == one.specs
+    loaded = data.load_episode_groups(groups, config, object_state="reach", workers=2)
+    assert len(loaded) == 2
+    for group, two in zip(groups, loaded, strict=True):
+        one = data.load_episodes(group, config, object_state="reach")
+        assert len(set(two.episode.tolist())) == len(group)
+        for field in ("state", "actions", "episode", "stage"):
+            np.testing.assert_array_equal(getattr(two, field), getattr(one, field))
+        for slot in config.image_keys:
+            np.testing.assert_array_equal(two.images[slot], one.images[slot])
+        assert two.seeds == one.seeds and two.specs == one.specs
 
 
 def test_a_share_of_failed_episodes_is_dropped_when_loading_in_parallel(tmp_path) -> None:
