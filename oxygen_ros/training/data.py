@@ -484,16 +484,25 @@ def object_state_of(preset: str) -> str:
     return PRESET_OBJECT_STATES.get(preset, "")
 
 
-def model_preset(preset: str, object_state: str) -> str:
-    """The model preset of a checkpoint trained with `object_state`: `preset`, or that state's
-    default (`OBJECT_STATE_PRESETS`) when empty. Refuses a preset whose prompt budget was
-    sized for another state."""
-    preset = preset or OBJECT_STATE_PRESETS[object_state]
+def check_preset(preset: str, object_state: str) -> None:
+    """Refuses a preset whose prompt budget was sized for another object state than
+    `object_state` (ValueError naming the presets sized for it)."""
     if object_state_of(preset) != object_state:
-        raise ValueError(
+        message = (
             f"preset {preset} was sized for the object state {object_state_of(preset)!r}, "
             f"not {object_state!r}"
         )
+        presets = [p for p, k in PRESET_OBJECT_STATES.items() if k == object_state]
+        if presets:
+            message += f": object_state {object_state} needs one of the presets {presets}"
+        raise ValueError(message)
+
+
+def model_preset(preset: str, object_state: str) -> str:
+    """The model preset of a checkpoint trained with `object_state`: `preset`, or that state's
+    default (`OBJECT_STATE_PRESETS`) when empty (`check_preset` refuses a mismatch)."""
+    preset = preset or OBJECT_STATE_PRESETS[object_state]
+    check_preset(preset, object_state)
     return preset
 
 

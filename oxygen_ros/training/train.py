@@ -141,12 +141,8 @@ class TrainConfig:
             )
         if self.object_state not in _data.OBJECT_STATE_PRESETS:
             raise ValueError(f"object_state must be one of {tuple(_data.OBJECT_STATE_PRESETS)}")
-        if self.object_state and _data.object_state_of(self.preset) != self.object_state:
-            presets = [p for p, k in _data.PRESET_OBJECT_STATES.items() if k == self.object_state]
-            raise ValueError(
-                f"object_state {self.object_state} needs one of the presets {presets} "
-                "(their prompt budget holds it)"
-            )
+        if self.object_state:  # without one, build_samples refuses a prompt the budget would cut
+            _data.check_preset(self.preset, self.object_state)
         if not 0 < self.end_lr <= self.peak_lr:
             raise ValueError("need 0 < end_lr <= peak_lr")
         if self.device_data and self.state_dropout > 0:
