@@ -85,7 +85,8 @@ def action_velocity(
     model: Pi05Model, prefix: Prefix, horizon: int
 ) -> Callable[[Float[Array, "b a j"], Float[Array, ""]], Float[Array, "b a j"]]:
     """The action expert's flow v(x_t, t) for B chunks of `horizon` rows reading `prefix`
-    (openpi's convention: v ~ noise - actions; t is one scalar for every row)."""
+    (openpi's convention: v ~ noise - actions; t is one scalar for every row, or one per row
+    as training draws it)."""
     batch = prefix.mask.shape[0]
     # Action tokens see every valid prefix token and each other (openpi suffix ar mask).
     suffix_mask = jnp.ones((batch, horizon), dtype=bool)

@@ -269,17 +269,6 @@ def load_episode_groups(
     return loaded
 
 
-def load_episodes_parallel(
-    paths: Sequence[str | os.PathLike],
-    config: ModelConfig,
-    object_state: str = "",
-    workers: int = 1,
-) -> Episodes:
-    """`load_episodes` with the paths split into `workers` processes (`load_episode_groups`
-    of one group): the same arrays as one process gives."""
-    return load_episode_groups([paths], config, object_state, workers)[0]
-
-
 def merge_episodes(parts: Sequence[Episodes]) -> Episodes:
     """Concatenates several `Episodes` (for example one per worker process) into one, in
     order; episode indices are renumbered into the merged `specs`."""

@@ -41,6 +41,7 @@ from jaxtyping import Array, Bool, Float, Int
 from openpi.models import model as _openpi_model
 from openpi.models.pi0 import make_attn_mask
 
+from oxygen_ros.engine import model_fns
 from oxygen_ros.engine.model import Pi05Model
 
 
@@ -126,25 +127,6 @@ def context_layout(
     return mask, positions
 
 
-def action_layout(
-    prefix_mask: Bool[Array, "b s"], num_lang: int, horizon: int
-) -> tuple[Bool[Array, "b a m"], Int[Array, "b a"]]:
-    """openpi's compute_loss suffix over a [prefix | language block] cache (m = s + t + a):
-    the action rows attend the valid prefix and each other, never the language block."""
-    batch = prefix_mask.shape[0]
-    suffix_ar = jnp.zeros((horizon,), dtype=bool).at[0].set(True)
-    mask = jnp.concatenate(
-        [
-            jnp.broadcast_to(prefix_mask[:, None, :], (batch, horizon, prefix_mask.shape[1])),
-            jnp.zeros((batch, horizon, num_lang), bool),
-            make_attn_mask(jnp.ones((batch, horizon), dtype=bool), suffix_ar),
-        ],
-        axis=2,
-    )
-    positions = jnp.sum(prefix_mask, axis=-1)[:, None] + jnp.arange(horizon)[None, :]
-    return mask, positions
-
-
 class Forward(NamedTuple):
     v_t: Float[Array, "k b a j"]  # predicted flow of each draw's noisy actions
     u_t: Float[Array, "k b a j"]  # target flow (noise - actions)
@@ -174,21 +156,18 @@ def forward(
     (stream_out, _), (k, v) = model.llm([stream, None], mask=mask, positions=positions)
     logits = model.logits(stream_out[:, prefix.shape[1] :], vocab_size).astype(jnp.float32)
     draws, rows, horizon = x_t.shape[:3]
-    # Draw-major copies of each row's cache: copy d of row i is row d * rows + i.
-    suffix_mask, suffix_positions = action_layout(
-        jnp.tile(prefix_mask, (draws, 1)), batch.lang_mask.shape[1], horizon
+    # The engine's action expert over this cache, the language block masked out of it (actions
+    # never attend it); draw-major copies of each row: copy d of row i is row d * rows + i.
+    cache_mask = jnp.concatenate([prefix_mask, jnp.zeros_like(batch.lang_mask)], axis=1)
+    cache = model_fns.Prefix(
+        jnp.tile(k, (1, draws, 1, 1, 1)),
+        jnp.tile(v, (1, draws, 1, 1, 1)),
+        jnp.tile(cache_mask, (draws, 1)),
     )
-    suffix, adarms_cond = model.embed_suffix(
-        x_t.reshape(draws * rows, *x_t.shape[2:]), time.reshape(draws * rows)
+    velocity = model_fns.action_velocity(model, cache, horizon)
+    v_t = velocity(x_t.reshape(draws * rows, *x_t.shape[2:]), time.reshape(draws * rows)).reshape(
+        x_t.shape
     )
-    (_, suffix_out), _ = model.llm(
-        [None, suffix],
-        mask=suffix_mask,
-        positions=suffix_positions,
-        kv_cache=(jnp.tile(k, (1, draws, 1, 1, 1)), jnp.tile(v, (1, draws, 1, 1, 1))),
-        adarms_cond=[None, adarms_cond],
-    )
-    v_t = model.action_out_proj(suffix_out).reshape(x_t.shape)
     return Forward(v_t, u_t, logits)
 
 

@@ -353,12 +353,12 @@ def test_a_share_of_failed_episodes_is_dropped_when_loading_in_parallel(tmp_path
     config = get_model_config("workcell_reach_bins")
     with pytest.raises(data.NoEpisodesError):
         data.load_episodes(paths[:2], config)  # the failed share on its own
-    two = data.load_episodes_parallel(paths, config, workers=2)
+    (two,) = data.load_episode_groups([paths], config, workers=2)
     one = data.load_episodes(paths[2:], config)
     assert two.seeds == one.seeds == [SEEDS[2]]
     np.testing.assert_array_equal(two.state, one.state)
     with pytest.raises(data.NoEpisodesError):
-        data.load_episodes_parallel(paths[:2], config, workers=2)
+        data.load_episode_groups([paths[:2]], config, workers=2)
 
 
 def test_widened_norm_stats_bound_a_departure_on_a_dimension_the_data_barely_moves() -> None:
