@@ -363,6 +363,48 @@ def widen_norm_stats(
     return out, widened
 
 
+def state_names(object_state: str) -> tuple[str, ...]:
+    """The state's dimension names: the joints (`robot.JOINT_NAMES`), then the object part's
+    (`workcell_cubes.OBJECT_STATES`; none without one)."""
+    cubes = workcell_cubes.object_state(object_state) if object_state else None
+    return (*robot.JOINT_NAMES, *(cubes.names if cubes is not None else ()))
+
+
+# A blinded dimension's norm stats: centre BLIND_OFFSET below its data's 1 % quantile, half-range
+# BLIND_HALF_RANGE, so every value within BLIND_OFFSET +- 2 of that quantile normalises into
+# [0.001, 0.005] (either normalisation): one state bin (openpi's 256 over [-1, 1] are 0.0078
+# wide, bin 128 starts at 0), whatever the robot measures.
+BLIND_OFFSET = 3.0
+BLIND_HALF_RANGE = 1000.0
+
+
+def blind_norm_stats(
+    stats: dict[str, normalize.NormStats], key: str, dims: Sequence[int]
+) -> dict[str, normalize.NormStats]:
+    """`stats` with `key`'s dimensions `dims` normalised to one constant bin: the prompt the
+    engine tokenises then carries nothing of them, at training and at run time alike (the
+    checkpoint's norm_stats.json carries the blinding). For proprioception a policy should not
+    copy (the measured gripper: a copycat learner closes it because the demonstrations' own
+    gripper was closed a moment before)."""
+    s = stats[key]
+    dims = list(dims)
+    q01 = np.asarray(s.q01, np.float64).copy()
+    q99 = np.asarray(s.q99, np.float64).copy()
+    mean = np.asarray(s.mean, np.float64).copy()
+    std = np.asarray(s.std, np.float64).copy()
+    centre = q01[dims] - BLIND_OFFSET
+    q01[dims], q99[dims] = centre - BLIND_HALF_RANGE, centre + BLIND_HALF_RANGE
+    mean[dims], std[dims] = centre, BLIND_HALF_RANGE
+    dtype = np.asarray(s.q01).dtype
+    blinded = normalize.NormStats(
+        mean=mean.astype(dtype),
+        std=std.astype(dtype),
+        q01=q01.astype(dtype),
+        q99=q99.astype(dtype),
+    )
+    return {**stats, key: blinded}
+
+
 def language_block(
     tokenizer: Tokenizer, prompt: PromptConfig, texts: dict[str, str], length: int
 ) -> dict[str, np.ndarray]:

@@ -7,6 +7,9 @@ first). Steps, on 2 CPU cores:
 2. openpi norm stats of the training episodes (with `--init-from`, the starting checkpoint's,
    unless `--fresh-norm-stats`: `training_norm_stats`); samples tokenised as the engine serves
    them (training/data.py).
+   With `--blind-state left_gripper,right_gripper`, those state dimensions' stats normalise
+   every value to one bin (data.blind_norm_stats): the prompt carries nothing of them, at
+   run time too, since the checkpoint's norm_stats.json carries the blinding.
 3. AdamW (optax) with linear warm-up and cosine decay, global-norm clipping; loss = openpi's
    flow-matching action loss + `language_weight` x token cross-entropy (training/loss.py);
    with `--action-draws k`, each sample's action loss is the mean over k (noise, time) draws
@@ -116,6 +119,7 @@ class TrainConfig:
     object_state: str = ""  # state = joints + the cubes' positions or poses (or nothing)
     delta_actions: bool = False  # arm joints relative to the state (_data.DELTA_ACTION_MASK)
     image_dropout: float = 0.0  # fraction of samples whose camera images are all masked out
+    blind_state: str = ""  # comma-separated state names normalised to one bin (blind_norm_stats)
     device_data: bool = False  # keep the training samples on the accelerator, gather there
     time_budget_s: float = 0.0  # > 0: end (evaluate, save) once training has run this long
 
@@ -151,6 +155,17 @@ class TrainConfig:
             raise ValueError("need 0 <= image_dropout <= 1")
         if self.time_budget_s < 0:
             raise ValueError("need time_budget_s >= 0")
+        unknown = set(self.blinded_names) - set(_data.state_names(self.object_state))
+        if unknown:
+            raise ValueError(
+                f"blind_state names {sorted(unknown)} are not in the state "
+                f"{_data.state_names(self.object_state)}"
+            )
+
+    @property
+    def blinded_names(self) -> tuple[str, ...]:
+        """The state names `blind_state` lists."""
+        return tuple(n.strip() for n in self.blind_state.split(",") if n.strip())
 
 
 def _embedding_leaf(model: Pi05Model) -> int:
@@ -381,6 +396,7 @@ def training_norm_stats(
     data, for example DAgger's off-path rows, would otherwise move the 1-99 % quantiles that
     place the state bins).
     With `min_norm_range`, then widened (`data.widen_norm_stats`).
+    With `blind_state`, those state dimensions then normalise to one bin (`data.blind_norm_stats`).
 
     Raises:
         ValueError: the starting checkpoint's stats do not fit these episodes' state or action
@@ -390,6 +406,11 @@ def training_norm_stats(
     if config.min_norm_range > 0:
         stats, widened = _data.widen_norm_stats(stats, config.min_norm_range)
         logger.info("norm stats: widened to %g: %s", config.min_norm_range, widened)
+    if config.blinded_names:
+        names = _data.state_names(config.object_state)
+        dims = [names.index(n) for n in config.blinded_names]
+        stats = _data.blind_norm_stats(stats, norm.state_key, dims)
+        logger.info("norm stats: state %s blinded", list(config.blinded_names))
     return stats
 
 

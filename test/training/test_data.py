@@ -389,3 +389,64 @@ def test_widened_norm_stats_bound_a_departure_on_a_dimension_the_data_barely_mov
     assert abs(before[0, 0]) > 30  # positive control: the narrow range blows the value up
     assert abs(after[0, 0]) <= 1.0 + 1e-6
     assert after[0, 1] == pytest.approx(before[0, 1])
+
+
+def test_blinded_state_dims_reach_the_prompt_as_one_bin_whatever_is_measured() -> None:
+    """The engine's prompt (observation_to_inputs, as served) is the same whether the blinded
+    grippers read shut, open or past either end; without the blinding the same change moves
+    the prompt (positive control), and an unblinded joint still does with it."""
+    from openpi.shared import normalize
+
+    config = get_model_config("workcell_target_bins")
+    tokenizer = Tokenizer(STATE_BINS_TOKENIZER_PATH)
+    names = data.state_names("target")
+    assert names[: robot.NUM_JOINTS] == robot.JOINT_NAMES and len(names) == 27
+    rng = np.random.default_rng(5)
+    centre = rng.uniform(-0.5, 0.5, len(names))
+    stats = {
+        "state": normalize.NormStats(
+            mean=centre, std=np.full(len(names), 0.3), q01=centre - 0.6, q99=centre + 0.6
+        ),
+        "actions": normalize.NormStats(
+            mean=np.zeros(14), std=np.ones(14), q01=-np.ones(14), q99=np.ones(14)
+        ),
+    }
+    grippers = [names.index("left_gripper"), names.index("right_gripper")]
+    blinded = data.blind_norm_stats(stats, "state", grippers)
+
+    def prompt(stats, state) -> np.ndarray:
+        observation = Observation({}, {}, state.astype(np.float32), "pick up", 0.0)
+        return observation_to_inputs(
+            observation,
+            config.image_keys,
+            config.image_resolution,
+            tokenizer,
+            Normalizer(stats, NormConfig()),
+            config.max_token_len,
+        ).tokens
+
+    base = centre.copy()
+    variants = []
+    for value in (0.0, 0.08, 0.5, 1.0, -0.4, 1.6):
+        state = base.copy()
+        state[grippers] = value
+        variants.append(state)
+    blind = [prompt(blinded, s) for s in variants]
+    seen = [prompt(stats, s) for s in variants]
+    for tokens in blind[1:]:
+        np.testing.assert_array_equal(tokens, blind[0])
+    assert not np.array_equal(seen[0], seen[3])  # positive control: unblinded, they differ
+    moved = variants[0].copy()
+    moved[names.index("left_waist")] += 0.3
+    assert not np.array_equal(prompt(blinded, moved), blind[0])  # other dims still count
+    # Only the named dimensions change, in both normalisations' fields.
+    others = [i for i in range(len(names)) if i not in grippers]
+    for field in ("mean", "std", "q01", "q99"):
+        np.testing.assert_array_equal(
+            getattr(blinded["state"], field)[others], getattr(stats["state"], field)[others]
+        )
+    assert blinded["actions"] is stats["actions"]
+    z = Normalizer(blinded, NormConfig(use_quantiles=False)).normalize_state(
+        np.stack(variants).astype(np.float32)
+    )
+    assert np.ptp(z[:, grippers]) < 2 / 256  # one bin with z-scores too

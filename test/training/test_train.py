@@ -191,6 +191,19 @@ def test_fine_tuning_keeps_the_starting_checkpoints_norm_stats(trained, demos_di
         new_span = widened[key].q99 - widened[key].q01
         np.testing.assert_allclose(new_span[span < floor], floor, rtol=1e-5)
         np.testing.assert_array_equal(new_span[span >= floor], span[span >= floor])
+    # --blind-state: the named state dimensions move to one bin's stats, nothing else changes;
+    # names outside the state are refused when the run is configured.
+    blinded = train.training_norm_stats(
+        dataclasses.replace(config, blind_state="right_gripper"), one, norm, ()
+    )
+    dim = robot.JOINT_NAMES.index("right_gripper")
+    span = blinded[norm.state_key].q99 - blinded[norm.state_key].q01
+    assert span[dim] == pytest.approx(2 * data.BLIND_HALF_RANGE)
+    others = np.arange(len(span)) != dim
+    np.testing.assert_array_equal(span[others], spans[norm.state_key][others])
+    np.testing.assert_array_equal(blinded[norm.actions_key].q99, saved[norm.actions_key].q99)
+    with pytest.raises(ValueError, match="blind_state names"):
+        dataclasses.replace(config, blind_state="right_gripper,right_grip")
     with pytest.raises(ValueError, match="delta-action mask"):
         train.training_norm_stats(config, one, norm, data.DELTA_ACTION_MASK)
     one.state = np.concatenate([one.state, one.state[..., :3]], axis=-1)  # another object state
