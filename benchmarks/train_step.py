@@ -1,14 +1,18 @@
 """Times one training step per workcell preset, in one process (not collected by pytest).
 
-What a step costs is set by the stream the model attends over: [prefix | language block |
-noisy actions], where the prefix is 36 image tokens per camera plus the preset's prompt
-budget. With openpi's `dummy` Gemma (width 64, 8 heads of 16) the attention over that stream,
-not the matrix products, takes most of a step on a CPU, so a shorter prompt budget pays
-about quadratically. This benchmark builds a `train.Trainer` per preset (the tokenizer the
-preset is sized for: `workcell_poses_bins` needs the state-bins tokenizer) and times
-`Trainer.step` on fixed random batches of the preset's shapes (image dropout 0.5, as the
-workcell runs train), the variants interleaved round by round so that a noisy machine slows
-them alike. A variant is a preset and a number of action draws per sample
+What a step costs is set by the tokens the model attends over. A step runs two passes, as
+the engine serves: the prefix LLM over [prefix | language block], where the prefix is 36 image
+tokens per camera plus the preset's prompt budget, then the action expert over each draw's
+noisy chunk reading that pass's KV cache (the chunk attends to the prefix and to itself; the
+language block is masked out). The table's `stream` is the first pass's rows plus one chunk
+(prefix + language block + horizon) and `action rows` the noisy rows of all draws. With
+openpi's `dummy` Gemma (width 64, 8 heads of 16) the attention, not the matrix products, takes
+most of a step on a CPU, so a shorter prompt budget pays about quadratically. This benchmark
+builds a `train.Trainer` per preset (the tokenizer the preset is sized for:
+`workcell_poses_bins` needs the state-bins tokenizer) and times `Trainer.step` on fixed random
+batches of the preset's shapes (image dropout 0.5, as the workcell runs train), the variants
+interleaved round by round so that a noisy machine slows them alike. A variant is a preset and
+a number of action draws per sample
 (`TrainConfig.action_draws`: k noisy chunks read against one prefix pass). Reports per
 variant the stream length, XLA's flop count for the compiled step, the median step time and
 its ratio to the first variant's.
