@@ -385,13 +385,16 @@ def blind_norm_stats(
     engine tokenises then carries nothing of them, at training and at run time alike (the
     checkpoint's norm_stats.json carries the blinding). For proprioception a policy should not
     copy (the measured gripper: a copycat learner closes it because the demonstrations' own
-    gripper was closed a moment before)."""
+    gripper was closed a moment before). Idempotent: blinded dimensions stay as they are."""
     s = stats[key]
     dims = list(dims)
     q01 = np.asarray(s.q01, np.float64).copy()
     q99 = np.asarray(s.q99, np.float64).copy()
     mean = np.asarray(s.mean, np.float64).copy()
     std = np.asarray(s.std, np.float64).copy()
+    # Already blinded (fine-tuning keeps the starting checkpoint's stats): left as they are, so
+    # the bin the model learned stays the bin it is served.
+    dims = [d for d in dims if not np.isclose(q99[d] - q01[d], 2 * BLIND_HALF_RANGE)]
     centre = q01[dims] - BLIND_OFFSET
     q01[dims], q99[dims] = centre - BLIND_HALF_RANGE, centre + BLIND_HALF_RANGE
     mean[dims], std[dims] = centre, BLIND_HALF_RANGE

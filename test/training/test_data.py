@@ -446,6 +446,11 @@ def test_blinded_state_dims_reach_the_prompt_as_one_bin_whatever_is_measured() -
             getattr(blinded["state"], field)[others], getattr(stats["state"], field)[others]
         )
     assert blinded["actions"] is stats["actions"]
+    again = data.blind_norm_stats(blinded, "state", grippers)  # fine-tuning blinds again
+    for field in ("mean", "std", "q01", "q99"):
+        np.testing.assert_array_equal(
+            getattr(again["state"], field), getattr(blinded["state"], field)
+        )
     z = Normalizer(blinded, NormConfig(use_quantiles=False)).normalize_state(
         np.stack(variants).astype(np.float32)
     )
