@@ -14,6 +14,8 @@ first). Steps, on 2 CPU cores:
    flow-matching action loss + `language_weight` x token cross-entropy (training/loss.py);
    with `--action-draws k`, each sample's action loss is the mean over k (noise, time) draws
    read against one prefix pass (held-out evaluations keep one draw, comparable across runs).
+   With `--ema-decay d` (openpi's TrainConfig.ema_decay), an exponential moving average of the
+   parameters is kept; evaluations and the checkpoint use it, as openpi saves its EMA params.
    With `--state-dropout p`, a fraction p of the samples in each batch carry their episode's
    first (home) joint state in the prompt instead of their own (training/data.py), so the arm
    that acts must be read from the instruction and the images, as on a first frame.
@@ -103,6 +105,9 @@ class TrainConfig:
     clip_norm: float = 1.0
     language_weight: float = 0.25
     action_draws: int = 1  # (noise, time) draws per sample in training (loss.forward)
+    # > 0: evaluate and save an exponential moving average of the parameters, updated after
+    # every step (openpi's TrainConfig.ema_decay: 0.99 there); 0: the last step's parameters
+    ema_decay: float = 0.0
     augment: bool = False
     heldout: int = 10  # episodes (highest seeds) kept out of training
     eval_every: int = 250
@@ -130,6 +135,8 @@ class TrainConfig:
             raise ValueError("need steps >= 2, batch_size >= 1 and eval_every >= 1")
         if self.action_draws < 1:
             raise ValueError("need action_draws >= 1")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError("need 0 <= ema_decay < 1")
         if self.heldout < 1 or self.eval_samples < 1:
             raise ValueError("need heldout >= 1 episode and eval_samples >= 1")
         if self.min_norm_range < 0:
@@ -215,6 +222,7 @@ class _Compiled:
             optax.adamw(self.schedule, weight_decay=statics.weight_decay),
         )
         self.step = jax.jit(self._step, donate_argnums=(0, 1))
+        self.ema = jax.jit(_ema_update, donate_argnums=(0,))
         self.eval = jax.jit(self._eval_losses)
         self.act = jax.jit(self._actions)
 
@@ -271,6 +279,11 @@ class _Compiled:
         return model_fns.denoise(model, prefix, noise, model.config.num_denoise_steps)
 
 
+def _ema_update(ema, params, decay):
+    """decay x ema + (1 - decay) x params, leaf by leaf."""
+    return jax.tree.map(lambda old, new: decay * old + (1 - decay) * new, ema, params)
+
+
 @functools.cache
 def _compiled(statics: _Statics) -> _Compiled:
     return _Compiled(statics)
@@ -296,6 +309,14 @@ class Trainer:
         self.params = leaves
         self.schedule = self._fns.schedule
         self.opt_state = self._fns.optimizer.init(self.params)
+        # The average starts at the starting parameters (a copy: the step donates `params`).
+        self.ema = [jnp.array(x, copy=True) for x in leaves] if config.ema_decay > 0 else None
+
+    @property
+    def served_params(self) -> list:
+        """What is evaluated and saved: the moving average with `ema_decay`, else the last
+        step's parameters."""
+        return self.params if self.ema is None else self.ema
 
     def embedding(self) -> np.ndarray:
         """The trained rows of the tied embedding table [vocab_size, width]."""
@@ -307,23 +328,27 @@ class Trainer:
         if table.shape != current.shape:
             raise ValueError(f"embedding {table.shape} is not the trained {current.shape}")
         self.params[self._fns.embedding] = jnp.asarray(table, current.dtype)
+        if self.ema is not None:
+            self.ema[self._fns.embedding] = jnp.asarray(table, current.dtype)
 
     def step(self, rng: jax.Array, batch: _loss.Batch) -> dict[str, float]:
         self.params, self.opt_state, metrics = self._fns.step(
             self.params, self.opt_state, rng, batch
         )
+        if self.ema is not None:
+            self.ema = self._fns.ema(self.ema, self.params, jnp.float32(self.config.ema_decay))
         return {k: float(v) for k, v in metrics.items()}
 
     def eval_losses(self, rng: jax.Array, batch: _loss.Batch) -> _loss.Losses:
-        return self._fns.eval(self.params, rng, batch)
+        return self._fns.eval(self.served_params, rng, batch)
 
     def actions(self, batch: _loss.Batch, noise: jax.Array) -> jax.Array:
         """Denoised actions [B, A, J] (model units) with the engine's prefill + denoise."""
-        return self._fns.act(self.params, batch, noise)
+        return self._fns.act(self.served_params, batch, noise)
 
     def full_params(self) -> dict:
         """Pure dict of the whole model: trained rows, zeros for the unused embedding rows."""
-        leaves = [np.asarray(x) for x in self.params]
+        leaves = [np.asarray(x) for x in self.served_params]
         table = leaves[self._fns.embedding]
         full = np.zeros((self._fns.full_rows, table.shape[1]), table.dtype)
         full[: table.shape[0]] = table

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from flax import nnx
 from openpi.shared import normalize
 
 from oxygen_ros.engine import model_fns
@@ -448,3 +449,52 @@ def test_a_step_trains_on_the_configured_action_draws(demos_dir) -> None:
     assert abs(got[1] - got[2]) > 1e-3 * got[1]
     with pytest.raises(ValueError, match="action_draws"):
         train.TrainConfig(data_dir="d", out_dir="o", action_draws=0)
+
+
+def test_ema_is_what_is_evaluated_and_saved(demos_dir) -> None:
+    """With ema_decay d the trainer keeps d x average + (1 - d) x params after every step,
+    starting at the starting parameters; evaluation, denoised actions and the saved params
+    read the average. The raw parameters move away from it (positive control), and without
+    ema_decay the served parameters are the raw ones."""
+    config, samples = _workcell_samples(demos_dir)
+    batch = train.to_batch(samples.take(np.array([0, 5])), config.image_keys)
+    vocab = Tokenizer(str(BUNDLED_TOKENIZER_PATH)).vocab_size
+    decay = 0.75
+    trainer = train.Trainer(
+        train.TrainConfig(
+            data_dir="d", out_dir="o", ema_decay=decay, peak_lr=3e-3, warmup_steps=1
+        ),
+        create_model(config, seed=0),
+        vocab,
+    )
+    expected = [np.asarray(x, np.float64) for x in trainer.params]
+    for k in range(3):
+        trainer.step(jax.random.key(k), batch)
+        expected = [decay * e + (1 - decay) * np.asarray(p) for e, p in zip(
+            expected, trainer.params, strict=True
+        )]  # fmt: skip
+    for got, want in zip(trainer.ema, expected, strict=True):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-7)
+    gap = max(
+        float(np.max(np.abs(np.asarray(p) - np.asarray(e))))
+        for p, e in zip(trainer.params, trainer.ema, strict=True)
+    )
+    assert gap > 1e-4  # the average is not the last step's parameters
+    assert trainer.served_params is trainer.ema
+    rng = jax.random.key(9)
+    on_ema = trainer._fns.eval(trainer.ema, rng, batch).action
+    on_raw = trainer._fns.eval(trainer.params, rng, batch).action
+    assert not np.allclose(np.asarray(on_ema), np.asarray(on_raw))
+    np.testing.assert_array_equal(np.asarray(trainer.eval_losses(rng, batch).action), on_ema)
+    saved = jax.tree.leaves(trainer.full_params())
+    flat = jax.tree.leaves(
+        nnx.to_pure_dict(jax.tree.unflatten(trainer._fns.treedef, list(trainer.ema)))
+    )
+    for s, e in zip(saved, flat, strict=True):
+        np.testing.assert_array_equal(np.asarray(s)[: np.asarray(e).shape[0]], np.asarray(e))
+    plain = train.Trainer(
+        train.TrainConfig(data_dir="d", out_dir="o"), create_model(config, seed=0), vocab
+    )
+    assert plain.ema is None and plain.served_params is plain.params
+    with pytest.raises(ValueError, match="ema_decay"):
+        train.TrainConfig(data_dir="d", out_dir="o", ema_decay=1.0)
