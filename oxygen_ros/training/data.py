@@ -371,9 +371,9 @@ def state_names(object_state: str) -> tuple[str, ...]:
 
 
 # A blinded dimension's norm stats: centre BLIND_OFFSET below its data's 1 % quantile, half-range
-# BLIND_HALF_RANGE, so every value within BLIND_OFFSET +- 2 of that quantile normalises into
-# [0.001, 0.005] (either normalisation): one state bin (openpi's 256 over [-1, 1] are 0.0078
-# wide, bin 128 starts at 0), whatever the robot measures.
+# BLIND_HALF_RANGE, so every value within 2 of that quantile (a gripper reads 0..1) normalises
+# into [0.001, 0.005] (either normalisation): one state bin (openpi's 256 over [-1, 1] are
+# 0.0078 wide, bin 128 starts at 0), whatever the robot measures.
 BLIND_OFFSET = 3.0
 BLIND_HALF_RANGE = 1000.0
 
