@@ -47,9 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from oxygen_ros.engine.config import SchedulerConfig
     from oxygen_ros.engine.engine import Engine
     from oxygen_ros.engine.types import LanguageRequest, Observation, RequestKind
-    from oxygen_ros.perception import workcell_cubes
     from oxygen_ros.resources import resolve_path
-    from oxygen_ros.sim import robot
     from oxygen_ros.training import data, train
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -60,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     frames_dir = Path(args.frames)
     preset = data.model_preset(args.preset, args.object_state)
-    cubes = workcell_cubes.object_state(args.object_state) if args.object_state else None
-    names = [*robot.JOINT_NAMES, *(cubes.names if cubes is not None else ())]
+    names = data.state_names(args.object_state)
     engine = Engine(
         train.engine_config(
             resolve_path(args.checkpoint),
