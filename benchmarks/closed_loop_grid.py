@@ -6,7 +6,10 @@ JSON (every setting's summary), a table, and a PNG (success rate, subtask accura
 time per setting). Settings: isolated, shared_kv, continuous (fixed k), deadline x the factors
 given (default 0.5 = slowed, 1.0 = real time).
 
-Usage: `benchmarks/closed_loop_grid --episodes 10 --seed-start 0 --factors 0.5 1.0`
+Usage: `benchmarks/closed_loop_grid --episodes 10 --seed-start 0 --factors 0.5 1.0
+[--ros-arg node:param:=value ...] [--out PATH]`: every `--ros-arg` goes to each run (another
+checkpoint, its presets and state names); each setting's JSON is written next to PATH as
+`<PATH's stem>_rtf<factor>_<scheduler>.json`.
 Last line: `grid success_rate_min=<x> subtask_accuracy_min=<y> settings=<n>`.
 """
 
@@ -38,6 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--factors", type=float, nargs="+", default=[0.5, 1.0])
     parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))
     parser.add_argument("--out", default=str(RESULTS / "closed_loop_model_grid.json"))
+    parser.add_argument(
+        "--ros-arg",
+        action="append",
+        default=[],
+        help="node:param:=value, passed to every closed_loop run (repeatable)",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -45,13 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     for factor in args.factors:
         for scheduler in args.schedulers:
-            path = out.parent / f"closed_loop_model_rtf{factor:g}_{scheduler}.json"
+            path = out.parent / f"{out.stem}_rtf{factor:g}_{scheduler}.json"
             command = [
                 sys.executable, "-P", str(ROOT / "benchmarks" / "closed_loop.py"),
                 "--policy", "model", "--episodes", str(args.episodes),
                 "--seed-start", str(args.seed_start), "--real-time-factor", str(factor),
                 "--scheduler", scheduler, "--out", str(path),
             ]  # fmt: skip
+            for ros_arg in args.ros_arg:
+                command += ["--ros-arg", ros_arg]
             print(f"[grid] {scheduler} at real-time factor {factor:g}", file=sys.stderr)
             done = subprocess.run(command, check=False, capture_output=True, text=True)
             if done.returncode != 0:
@@ -67,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "closed_loop_grid",
         "episodes": args.episodes,
         "seed_start": args.seed_start,
+        "ros_args": args.ros_arg,
         "wall_s": time.monotonic() - started,
         "settings": settings,
     }

@@ -482,7 +482,9 @@ class EngineLoop:
         decoded = self._monotonic()
         self._publisher.set_hold_positions(observation.state[: self._format.num_joints])
         fault = self._params["fault_injection"]
-        started = self._clock()
+        # The frame's duration is wall time: the node clock may be /clock's sim time, which
+        # moves in control ticks (10 ms at 100 Hz) and at the real-time factor's pace.
+        started = self._monotonic()
         self._handoff_s = math.nan
         try:
             if pickup.task != self._task:
@@ -571,7 +573,7 @@ class EngineLoop:
         if result.actions is not None:
             self._handoff_latency.add(result.actions.latency_s, t)
             self._overhead.add(result.actions.latency_s - model_s, t)
-        self._frame_time_s = self._clock() - started
+        self._frame_time_s = self._monotonic() - started
         self.counters["frames_run"] += 1
         self._engine_stats = flatten_stats(engine.stats())
 

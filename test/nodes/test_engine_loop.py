@@ -201,6 +201,19 @@ def test_chunk_handed_over_before_the_language_work_then_outputs() -> None:
     assert rig.loop.counters["frames_run"] == 1
 
 
+def test_frame_time_is_wall_time_not_the_node_clock() -> None:
+    """The node clock can be sim time (/clock: 10 ms ticks, scaled by the real-time factor);
+    the frame time reported on /diagnostics is the engine frame's monotonic duration."""
+
+    def language() -> None:  # the frame takes 0.25 s of wall time, 3 s of node clock
+        rig.mono += 0.25
+        rig.now += 3.0
+
+    rig = Rig(FakeEngine(language=language))
+    rig.run_frame(99.875)
+    assert rig.loop.diagnostics()["frame_time_s"] == pytest.approx(0.25)
+
+
 def test_new_chunk_published_while_the_engine_is_still_in_the_frame() -> None:
     """With the real publisher thread: the NEW_CHUNK message goes out during the language
     work (the fake engine's language phase waits for it), not after `step` returns."""
