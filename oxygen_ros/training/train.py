@@ -49,6 +49,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import pathlib
 import shutil
 import time
@@ -120,6 +121,9 @@ class TrainConfig:
     min_norm_range: float = 0.0  # > 0: widen narrower state/action dims (widen_norm_stats)
     early_steps: int = 0  # the first early_steps steps of each episode are drawn ...
     early_weight: float = 1.0  # ... this many times as often (the arm is still at home there)
+    # "1:4,2:4": samples of phase index 1 and 2 (tasks.subtask_labels order: grasp, lift) are
+    # drawn 4 times as often (times early_weight where both apply); "" = every phase alike
+    stage_weights: str = ""
     state_dropout: float = 0.0  # fraction of samples whose prompt carries the home state
     object_state: str = ""  # state = joints + the cubes' positions or poses (or nothing)
     delta_actions: bool = False  # arm joints relative to the state (_data.DELTA_ACTION_MASK)
@@ -143,6 +147,7 @@ class TrainConfig:
             raise ValueError("need min_norm_range >= 0")
         if self.early_steps < 0 or self.early_weight <= 0:
             raise ValueError("need early_steps >= 0 and early_weight > 0")
+        parse_stage_weights(self.stage_weights)  # raises on a malformed --stage-weights
         if not 0.0 <= self.state_dropout < 1.0:
             raise ValueError("need 0 <= state_dropout < 1")
         if self.delta_actions and self.state_dropout > 0:
@@ -168,6 +173,11 @@ class TrainConfig:
                 f"blind_state names {sorted(unknown)} are not in the state "
                 f"{_data.state_names(self.object_state)}"
             )
+
+    @property
+    def stage_weight_map(self) -> dict[int, float]:
+        """`stage_weights` as {phase index: weight}."""
+        return parse_stage_weights(self.stage_weights)
 
     @property
     def blinded_names(self) -> tuple[str, ...]:
@@ -466,10 +476,41 @@ def _norm_stats_of(
     return stats
 
 
-def sampling_weights(step: np.ndarray, early_steps: int, early_weight: float) -> np.ndarray:
-    """Probability of drawing each sample from its step inside its episode: early_weight for
-    the first early_steps steps of each episode, 1 for the rest, normalised."""
+def parse_stage_weights(text: str) -> dict[int, float]:
+    """'1:4,2:4' -> {1: 4.0, 2: 4.0} (phase index: weight); '' -> {}.
+
+    Raises:
+        ValueError: an item is not index:weight with a distinct index >= 0 and a weight > 0.
+    """
+    weights: dict[int, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        index, sep, weight = item.partition(":")
+        try:
+            key, value = int(index), float(weight)
+        except ValueError:
+            key, value = -1, 0.0
+        if not sep or key < 0 or not 0 < value < math.inf or key in weights:
+            raise ValueError(
+                "stage_weights wants 'index:weight,...' with distinct indices >= 0 and "
+                f"weights > 0, got {text!r}"
+            )
+        weights[key] = value
+    return weights
+
+
+def sampling_weights(
+    step: np.ndarray,
+    early_steps: int,
+    early_weight: float,
+    stage: np.ndarray | None = None,
+    stage_weights: dict[int, float] | None = None,
+) -> np.ndarray:
+    """Probability of drawing each sample: early_weight for the first early_steps steps of
+    each episode, times stage_weights[phase index] for the phases it names, 1 otherwise;
+    normalised."""
     weights = np.where(step < early_steps, early_weight, 1.0)
+    for index, weight in (stage_weights or {}).items():
+        weights = np.where(stage == index, weights * weight, weights)
     return weights / weights.sum()
 
 
@@ -804,7 +845,19 @@ def train(
     }
     (out_dir / "run.json").write_text(json.dumps(run, indent=1))
     bar = tqdm(range(1, config.steps + 1), desc="train", mininterval=5.0)
-    weights = sampling_weights(train_samples.step, config.early_steps, config.early_weight)
+    weights = sampling_weights(
+        train_samples.step,
+        config.early_steps,
+        config.early_weight,
+        train_samples.stage,
+        config.stage_weight_map,
+    )
+    if config.stage_weights:
+        drawn = {
+            int(k): round(float(weights[train_samples.stage == k].sum()), 3)
+            for k in np.unique(train_samples.stage)
+        }
+        logger.info("share of draws per phase index (--stage-weights): %s", drawn)
     on_device = (
         DeviceSamples(train_samples, model_config.image_keys) if config.device_data else None
     )

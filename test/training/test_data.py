@@ -151,6 +151,26 @@ def test_early_steps_are_drawn_more_often() -> None:
     np.testing.assert_allclose(sampling_weights(step, 0, 4.0), np.full(9, 1 / 9))
 
 
+def test_stage_weights_multiply_the_named_phases_draws() -> None:
+    from oxygen_ros.training.train import parse_stage_weights, sampling_weights
+
+    step = np.array([0, 1, 2, 3, 0, 1, 2, 3], np.int32)
+    stage = np.array([0, 0, 1, 2, 0, 1, 1, 3], np.int32)
+    weights = sampling_weights(step, 1, 2.0, stage, parse_stage_weights("1:4, 2:3"))
+    assert np.isclose(weights.sum(), 1.0)
+    # per sample: early (x2) and phase weights multiply; phases 0 and 3 keep 1
+    expected = np.array([2, 1, 4, 3, 2, 4, 4, 1], np.float64)
+    np.testing.assert_allclose(weights, expected / expected.sum())
+    # the control: no phase weights draws as early_weight alone does
+    np.testing.assert_allclose(
+        sampling_weights(step, 1, 2.0, stage, {}), sampling_weights(step, 1, 2.0)
+    )
+    assert parse_stage_weights("") == {}
+    for bad in ("1", "1:0", "1:-2", "x:2", "-1:2", "1:2,1:3", "1:nan", "1:inf"):
+        with pytest.raises(ValueError, match="stage_weights"):
+            parse_stage_weights(bad)
+
+
 def test_state_dropout_swaps_in_the_episodes_home_prompt_only_where_drawn(built) -> None:
     _, _, samples = built
     np.testing.assert_array_equal(samples.step, np.tile(np.arange(STEPS), len(SEEDS)))
