@@ -155,11 +155,11 @@ def test_stage_weights_multiply_the_named_phases_draws() -> None:
     from oxygen_ros.training.train import parse_stage_weights, sampling_weights
 
     step = np.array([0, 1, 2, 3, 0, 1, 2, 3], np.int32)
-    stage = np.array([0, 0, 1, 2, 0, 1, 1, 3], np.int32)
+    stage = np.array([0, 0, 1, 2, 1, 1, 1, 3], np.int32)
     weights = sampling_weights(step, 1, 2.0, stage, parse_stage_weights("1:4, 2:3"))
     assert np.isclose(weights.sum(), 1.0)
-    # per sample: early (x2) and phase weights multiply; phases 0 and 3 keep 1
-    expected = np.array([2, 1, 4, 3, 2, 4, 4, 1], np.float64)
+    # per sample: early (x2) and phase weights multiply (sample 4: 2 x 4); phases 0, 3 keep 1
+    expected = np.array([2, 1, 4, 3, 8, 4, 4, 1], np.float64)
     np.testing.assert_allclose(weights, expected / expected.sum())
     # the control: no phase weights draws as early_weight alone does
     np.testing.assert_allclose(
