@@ -5,6 +5,7 @@ Layout (as released by openpi, e.g. pi05_base / pi05_droid / pi05_libero):
     <checkpoint_dir>/params/                      orbax PyTree {"params": tree}
     <checkpoint_dir>/assets/<assets_id>/norm_stats.json
     <checkpoint_dir>/assets/<assets_id>/action_space.json   (optional, this project's)
+    <checkpoint_dir>/assets/<assets_id>/state_layout.json   (optional, this project's)
 
 Parameters restore through openpi's `restore_params` (a trailing "value" key from training
 checkpoints is stripped there) and must match the model's tree exactly: every missing,
@@ -18,6 +19,11 @@ joint mask: the masked action dims are relative to the observation's state) and 
 checkpoint trained here records it in `action_space.json` ({"delta_action_mask": [bool, ...]})
 so that serving it needs no extra setting. Without the file the actions are absolute.
 
+The state layout: a checkpoint trained here also records what its state vector holds
+(`state_layout.json`: {"joint_names": [...], "state_extra_names": [...]}, the joints then the
+perceived entries after them), so that a node serving it can take the perceived entries' names
+from the checkpoint instead of its user typing them.
+
 Invariants:
 - A checkpoint never loads partially: any mismatch raises `CheckpointError` before the
   model exists.
@@ -26,6 +32,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import pathlib
@@ -138,6 +145,47 @@ def save_delta_action_mask(assets_dir: str | pathlib.Path, mask: tuple[bool, ...
     path = pathlib.Path(assets_dir) / ACTION_SPACE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"delta_action_mask": [bool(m) for m in mask]}) + "\n")
+
+
+STATE_LAYOUT_FILE = "state_layout.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class StateLayout:
+    """What a checkpoint's state vector holds, in order: the joints, then perceived entries
+    (`state_layout.json`, written by `training.train.save_checkpoint`)."""
+
+    joint_names: tuple[str, ...]
+    state_extra_names: tuple[str, ...]
+
+
+def load_state_layout(
+    checkpoint_dir: str | pathlib.Path, assets_id: str | None
+) -> StateLayout | None:
+    """The checkpoint's `StateLayout`; None when it records none (older checkpoints, or no
+    single asset directory to read it from). A malformed file raises `CheckpointError`."""
+    try:
+        path = _assets_dir(checkpoint_dir, assets_id) / STATE_LAYOUT_FILE
+    except (CheckpointError, OSError):
+        return None
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+        names = {key: raw[key] for key in ("joint_names", "state_extra_names")}
+        for key, value in names.items():
+            if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
+                raise TypeError(f"{key} is not a list of strings: {value!r}")
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{path}: no valid state layout ({err})") from err
+    return StateLayout(tuple(names["joint_names"]), tuple(names["state_extra_names"]))
+
+
+def save_state_layout(assets_dir: str | pathlib.Path, layout: StateLayout) -> None:
+    """Writes `state_layout.json` into a checkpoint's `assets/<id>/` directory."""
+    path = pathlib.Path(assets_dir) / STATE_LAYOUT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dataclasses.asdict(layout), indent=1) + "\n")
 
 
 class Normalizer:

@@ -23,6 +23,8 @@ Presets (`get_model_config(name)`):
 - `workcell_target_bins`: only the instructed cube's pose and offsets from the hands
   (`workcell_cubes.TARGET_STATE_NAMES`, 13 numbers) for the same tokenizer: a 48-token prompt
   budget, prefix 156 tokens.
+- `workcell_target_wide`: `workcell_target_bins` with both Gemma experts at width 256 (8 heads
+  of 32, depth 4; `model.SMALL_GEMMA_VARIANTS`) instead of openpi's `dummy` (width 64).
 
 Invariants:
 - Every config is a frozen, hashable dataclass; compiled model functions are cached per
@@ -52,6 +54,7 @@ PRESET_NAMES = (
     "workcell_poses_bins",
     "workcell_reach_bins",
     "workcell_target_bins",
+    "workcell_target_wide",
     "pi05",
 )
 PI05_IMAGE_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
@@ -107,6 +110,15 @@ def get_model_config(name: str) -> ModelConfig:
         # token each with the state-bins tokenizer: 48 tokens with the longest instruction.
         return dataclasses.replace(
             get_model_config("workcell"), name="workcell_target_bins", max_token_len=48
+        )
+    if name == "workcell_target_wide":
+        # workcell_target_bins with both Gemma experts four times as wide (model.py's
+        # `oxygen_w256`: width 256, 8 heads of 32, depth 4, instead of openpi's `dummy`).
+        return dataclasses.replace(
+            get_model_config("workcell_target_bins"),
+            name="workcell_target_wide",
+            paligemma_variant="oxygen_w256",
+            action_expert_variant="oxygen_w256",
         )
     if name == "workcell_reach_bins":
         # 14 joints + 39 numbers (the poses and each cube's offset from each hand), one token

@@ -48,7 +48,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
-import openpi.models.gemma as _gemma
 from openpi.shared import image_tools
 
 from oxygen_ros.engine import compiles, prompts
@@ -63,7 +62,7 @@ from oxygen_ros.engine.chunk_guide import ChunkGuide
 from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, EngineConfig
 from oxygen_ros.engine.detokenizer import IncrementalDetokenizer, find_anchor_id
 from oxygen_ros.engine.kv_cache import KVCacheLayout, LanguageKVCache
-from oxygen_ros.engine.model import Pi05Model, create_model
+from oxygen_ros.engine.model import Pi05Model, create_model, gemma_config
 from oxygen_ros.engine.model_fns import JitModel, Prefix, PrefixInputs
 from oxygen_ros.engine.requests import Request
 from oxygen_ros.engine.runner import Runner
@@ -210,7 +209,7 @@ class Engine:
         self.model = JitModel(
             model, vocab_size=min(self.tokenizer.vocab_size, PALIGEMMA_VOCAB_SIZE)
         )
-        llm = _gemma.get_config(config.model.paligemma_variant)  # type: ignore[arg-type]
+        llm = gemma_config(config.model.paligemma_variant)
         layout = KVCacheLayout.from_config(
             config.cache,
             prefix_len=config.model.prefix_len,

@@ -35,6 +35,24 @@ from openpi.models.pi0 import posemb_sincos
 
 from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, ModelConfig
 
+# Gemma shapes between openpi's `dummy` (width 64) and `gemma_300m` (width 1024, depth 18), for
+# models trained on a CPU: openpi's own `gemma.Config`, filled in here; every other variant
+# name is openpi's (`gemma.get_config`). Both experts of a model must share depth, heads, kv
+# heads and head dim (openpi's `gemma.Module` requires it).
+SMALL_GEMMA_VARIANTS = {
+    "oxygen_w256": dict(
+        width=256, depth=4, mlp_dim=1024, num_heads=8, num_kv_heads=1, head_dim=32
+    ),
+}
+
+
+def gemma_config(variant: str) -> _gemma.Config:
+    """openpi's `gemma.Config` of `variant`: a `SMALL_GEMMA_VARIANTS` name or openpi's own."""
+    if variant in SMALL_GEMMA_VARIANTS:
+        return _gemma.Config(**SMALL_GEMMA_VARIANTS[variant])
+    return _gemma.get_config(variant)  # type: ignore[arg-type]
+
+
 # openpi's time embedding period range for the flow-matching timestep (pi0.py).
 TIME_MIN_PERIOD = 4e-3
 TIME_MAX_PERIOD = 4.0
@@ -60,8 +78,8 @@ class Pi05Model(nnx.Module):
 
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs) -> None:
         self.config = config
-        llm_config = _gemma.get_config(config.paligemma_variant)  # type: ignore[arg-type]
-        expert_config = _gemma.get_config(config.action_expert_variant)  # type: ignore[arg-type]
+        llm_config = gemma_config(config.paligemma_variant)
+        expert_config = gemma_config(config.action_expert_variant)
         llm = nnx_bridge.ToNNX(
             _gemma.Module(
                 configs=[llm_config, expert_config], embed_dtype=config.dtype, adarms=True

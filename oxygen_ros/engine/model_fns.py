@@ -42,12 +42,11 @@ import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import openpi.models.gemma as _gemma
 from jaxtyping import Array, Bool, Float, Int
 from openpi.models.pi0 import make_attn_mask
 
 from oxygen_ros.engine.config import ModelConfig
-from oxygen_ros.engine.model import Pi05Model, abstract_model
+from oxygen_ros.engine.model import Pi05Model, abstract_model, gemma_config
 
 MIN_TEMPERATURE = 1e-6  # sampled rows (temperature > 0) divide their logits by at least this
 
@@ -447,6 +446,6 @@ class JitModel:
 
     def empty_gen_cache(self, num_slots: int, max_seq_len: int) -> tuple[Array, Array]:
         """Zeroed gen cache k, v [L, num_slots, max_seq_len, K, H] in the compute dtype."""
-        llm = _gemma.get_config(self.config.paligemma_variant)  # type: ignore[arg-type]
+        llm = gemma_config(self.config.paligemma_variant)
         shape = (llm.depth, num_slots, max_seq_len, llm.num_kv_heads, llm.head_dim)
         return jnp.zeros(shape, self.config.dtype), jnp.zeros(shape, self.config.dtype)

@@ -22,9 +22,10 @@ import collections
 import dataclasses
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from oxygen_ros.engine.checkpoint import load_state_layout
 from oxygen_ros.engine.config import (
     CacheConfig,
     EngineConfig,
@@ -92,6 +93,38 @@ def build_engine_config(values: Mapping[str, Any], num_joints: int) -> EngineCon
         ),
         seed=values["seed"],
     )
+
+
+def state_extra_names(values: Mapping[str, Any], joint_names: Sequence[str]) -> tuple[str, ...]:
+    """The frame entries after the joints that the model's state holds: `state_extra_names`,
+    or, when that is empty, the checkpoint's own (its `state_layout.json`: what it was trained
+    on). A checkpoint that records no layout takes the parameter as it is. The joints are
+    matched by position, not by name (a robot may name them its own way).
+
+    Raises:
+        ValueError: The checkpoint was trained on another number of joints, or a non-empty
+            `state_extra_names` differs from the entries it was trained on, or its layout file
+            is malformed (`checkpoint.CheckpointError`).
+    """
+    configured = tuple(values["state_extra_names"])
+    checkpoint_dir = resolve_path(values["checkpoint_dir"])
+    if not checkpoint_dir:
+        return configured
+    layout = load_state_layout(checkpoint_dir, values["assets_id"] or None)
+    if layout is None:
+        return configured
+    if len(layout.joint_names) != len(joint_names):
+        raise ValueError(
+            f"checkpoint {checkpoint_dir} was trained on {len(layout.joint_names)} joints "
+            f"({list(layout.joint_names)}), joint_names has {len(joint_names)}"
+        )
+    if configured and configured != layout.state_extra_names:
+        raise ValueError(
+            f"state_extra_names {list(configured)} differ from what checkpoint "
+            f"{checkpoint_dir} was trained on ({list(layout.state_extra_names)}, its "
+            "state_layout.json); leave state_extra_names empty to take the checkpoint's"
+        )
+    return layout.state_extra_names
 
 
 def delta_action_mask(values: Mapping[str, Any]) -> tuple[bool, ...] | None:

@@ -88,7 +88,12 @@ from oxygen_ros.nodes.conversions import (
     speech_token_msg,
     time_to_seconds,
 )
-from oxygen_ros.nodes.engine_bridge import LanguageQueue, RateMeter, build_engine_config
+from oxygen_ros.nodes.engine_bridge import (
+    LanguageQueue,
+    RateMeter,
+    build_engine_config,
+    state_extra_names,
+)
 from oxygen_ros.nodes.engine_loop import EngineLoop, FrameFormat, FrameInbox
 from oxygen_ros.nodes.frame_intake import FrameIntake
 from oxygen_ros.nodes.instruct_server import InstructServer
@@ -133,16 +138,22 @@ class InferenceNode(LifecycleNode):
         )
         p = self.params
         self._joint_names = tuple(p["joint_names"])
-        # The model's state: the joints, then perceived entries of the frame (not actions).
-        self._state_names = state_names = self._joint_names + tuple(p["state_extra_names"])
-        if len(set(state_names)) != len(state_names):
-            raise P.ParameterError(f"state_extra_names repeat a joint: {p['state_extra_names']}")
         try:
+            # The model's state: the joints, then perceived entries of the frame (not
+            # actions), named by the parameter or by the checkpoint.
+            extra = state_extra_names(p.values(), self._joint_names)
+            self._state_names = state_names = self._joint_names + extra
+            if len(set(state_names)) != len(state_names):
+                raise ValueError(f"state_extra_names repeat a joint: {list(extra)}")
             self._engine_config = build_engine_config(p.values(), len(self._joint_names))
             self._stream_config()  # checked here; built again at configure (runtime values)
             self._groups = self._trajectory_groups()
         except ValueError as exc:
             raise P.ParameterError(str(exc)) from exc
+        if extra and not p["state_extra_names"]:
+            self.get_logger().info(
+                f"state after the joints, from the checkpoint's state layout: {list(extra)}"
+            )
         model = self._engine_config.model
         self._store = MemoryStore(p["memory_db_path"])
         if self._store.moved_aside is not None:

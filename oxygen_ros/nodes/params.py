@@ -502,7 +502,8 @@ INFERENCE: tuple[ParamSpec, ...] = (
         "state_extra_names",
         [],
         "perceived state entries of the frame (e.g. perception's cube positions) that follow "
-        "the joints in the model's state",
+        "the joints in the model's state; empty: the checkpoint's own (its "
+        "assets/<id>/state_layout.json), none without one",
         "str_list",
         check=unique_names_or_none,
     ),

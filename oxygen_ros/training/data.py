@@ -38,7 +38,7 @@ from openpi.shared import normalize
 from openpi_client import image_tools
 
 from oxygen_ros.engine import prompts
-from oxygen_ros.engine.checkpoint import Normalizer
+from oxygen_ros.engine.checkpoint import Normalizer, StateLayout
 from oxygen_ros.engine.config import ModelConfig, NormConfig, PromptConfig
 from oxygen_ros.engine.tokenizer import (
     BUNDLED_TOKENIZER_PATH,
@@ -80,12 +80,14 @@ OBJECT_STATE_PRESETS = {
 PRESET_OBJECT_STATES = {
     **{preset: kind for kind, preset in OBJECT_STATE_PRESETS.items()},
     "workcell_poses_bins": "poses",
+    "workcell_target_wide": "target",
 }
 # The tokenizer each preset's prompt budget was sized with (every other preset: the bundled one).
 PRESET_TOKENIZERS = {
     "workcell_poses_bins": STATE_BINS_TOKENIZER_PATH,
     "workcell_reach_bins": STATE_BINS_TOKENIZER_PATH,
     "workcell_target_bins": STATE_BINS_TOKENIZER_PATH,
+    "workcell_target_wide": STATE_BINS_TOKENIZER_PATH,
 }
 
 
@@ -368,6 +370,13 @@ def state_names(object_state: str) -> tuple[str, ...]:
     (`workcell_cubes.OBJECT_STATES`; none without one)."""
     cubes = workcell_cubes.object_state(object_state) if object_state else None
     return (*robot.JOINT_NAMES, *(cubes.names if cubes is not None else ()))
+
+
+def state_layout(object_state: str) -> StateLayout:
+    """`state_names(object_state)` as a checkpoint records them (`checkpoint.StateLayout`)."""
+    return StateLayout(
+        tuple(robot.JOINT_NAMES), state_names(object_state)[len(robot.JOINT_NAMES) :]
+    )
 
 
 # A blinded dimension's norm stats: centre BLIND_OFFSET below its data's 1 % quantile, half-range

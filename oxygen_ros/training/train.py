@@ -67,10 +67,12 @@ from openpi.shared import normalize
 from oxygen_ros.engine import model_fns
 from oxygen_ros.engine.checkpoint import (
     Normalizer,
+    StateLayout,
     load_delta_action_mask,
     load_norm_stats,
     load_params,
     save_delta_action_mask,
+    save_state_layout,
 )
 from oxygen_ros.engine.config import (
     EngineConfig,
@@ -521,11 +523,14 @@ def save_checkpoint(
     assets_id: str,
     tokenizer_path: str,
     delta_action_mask: tuple[bool, ...] = (),
+    state_layout: StateLayout | None = None,
 ) -> None:
     """openpi layout: <out>/params ({"params": tree}), <out>/assets/<id>/norm_stats.json, and
     the tokenizer it was trained with as <out>/assets/<id>/tokenizer.model (the engine uses
     it when no tokenizer_path is given); with delta actions, their mask as
-    <out>/assets/<id>/action_space.json (the engine serves them back as absolute targets)."""
+    <out>/assets/<id>/action_space.json (the engine serves them back as absolute targets);
+    the state's names as <out>/assets/<id>/state_layout.json (the inference node reads the
+    perceived entries' names from it)."""
     params_dir = out_dir.resolve() / "params"
     if params_dir.exists():
         shutil.rmtree(params_dir)
@@ -535,6 +540,8 @@ def save_checkpoint(
     shutil.copyfile(tokenizer_path, out_dir / "assets" / assets_id / TOKENIZER_FILE)
     if delta_action_mask:
         save_delta_action_mask(out_dir / "assets" / assets_id, delta_action_mask)
+    if state_layout is not None:
+        save_state_layout(out_dir / "assets" / assets_id, state_layout)
 
 
 def split_episodes(paths: Sequence[pathlib.Path], heldout: int) -> tuple[list, list]:
@@ -923,6 +930,7 @@ def train(
                 config.assets_id,
                 config.tokenizer_path,
                 delta_mask,
+                _data.state_layout(config.object_state),
             )
             plot_curves([*records, record], out_dir / "loss_curve.png")
             logger.info("step %d: %s", step, json.dumps(record))

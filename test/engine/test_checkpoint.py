@@ -13,12 +13,16 @@ from openpi.shared import normalize
 
 from oxygen_ros.engine.checkpoint import (
     ACTION_SPACE_FILE,
+    STATE_LAYOUT_FILE,
     CheckpointError,
     Normalizer,
+    StateLayout,
     load_delta_action_mask,
     load_norm_stats,
     load_params,
+    load_state_layout,
     save_delta_action_mask,
+    save_state_layout,
 )
 from oxygen_ros.engine.config import NormConfig
 from oxygen_ros.engine.engine import Engine
@@ -159,3 +163,18 @@ def test_action_space_file_absent_or_malformed(tmp_path) -> None:
     (tmp_path / "assets" / "a" / ACTION_SPACE_FILE).write_text("not json")
     with pytest.raises(CheckpointError, match="no valid delta_action_mask"):
         load_delta_action_mask(tmp_path, "a")
+
+
+def test_state_layout_round_trip_absent_or_malformed(tmp_path) -> None:
+    assets = tmp_path / "assets" / "a"
+    assets.mkdir(parents=True)
+    assert load_state_layout(tmp_path, "a") is None  # no file: none recorded
+    assert load_state_layout(tmp_path / "nowhere", None) is None  # no asset directory
+    layout = StateLayout(("j0", "j1"), ("cube.x", "cube.y"))
+    save_state_layout(assets, layout)
+    assert load_state_layout(tmp_path, "a") == layout
+    assert load_state_layout(tmp_path, None) == layout  # the single asset directory
+    for text in ('{"joint_names": ["j0"]}', '{"joint_names": [1], "state_extra_names": []}', "{"):
+        (assets / STATE_LAYOUT_FILE).write_text(text)
+        with pytest.raises(CheckpointError, match="no valid state layout"):
+            load_state_layout(tmp_path, "a")

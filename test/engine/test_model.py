@@ -13,7 +13,7 @@ from openpi.models import gemma as openpi_gemma
 from openpi.models import pi0_config
 
 from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, PRESET_NAMES, get_model_config
-from oxygen_ros.engine.model import abstract_model, param_count, param_shapes
+from oxygen_ros.engine.model import abstract_model, gemma_config, param_count, param_shapes
 
 
 def _openpi_shapes(**config: object) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -66,3 +66,23 @@ def test_workcell_tree_differs_from_tiny_only_in_sizes() -> None:
     assert differ and all(k.startswith("PaliGemma/img/") for k in differ), differ
     with pytest.raises(ValueError, match="unknown model preset 'big'"):
         get_model_config("big")
+
+
+def test_wide_preset_widens_only_the_gemma_experts() -> None:
+    """`workcell_target_wide` is `workcell_target_bins` with both experts at model.py's
+    `oxygen_w256`: the same parameter paths; every shape that differs is one of the experts'
+    (or a projection into or out of them), now 256 wide where openpi's `dummy` is 64."""
+    narrow = param_shapes(abstract_model(get_model_config("workcell_target_bins")))
+    wide = param_shapes(abstract_model(get_model_config("workcell_target_wide")))
+    assert set(narrow) == set(wide)
+    differ = {k for k in narrow if narrow[k] != wide[k]}
+    gemma_paths = ("PaliGemma/llm/", "PaliGemma/img/head/", "action_", "time_mlp_")
+    assert differ and all(k.startswith(gemma_paths) for k in differ), differ
+    assert not any(k.startswith("PaliGemma/img/") and "head" not in k for k in differ)
+    q_narrow, q_wide = (s["PaliGemma/llm/layers/attn/q_einsum/w"][0] for s in (narrow, wide))
+    assert q_narrow == (4, 8, 64, 16)  # openpi's dummy: depth 4, 8 heads of 16, width 64
+    assert q_wide == (4, 8, 256, 32)
+    assert gemma_config("dummy") == openpi_gemma.get_config("dummy")  # openpi's names pass through
+    assert gemma_config("oxygen_w256").width == 256
+    with pytest.raises(ValueError, match="Unknown variant"):
+        gemma_config("oxygen_w999")

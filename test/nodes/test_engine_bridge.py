@@ -4,8 +4,9 @@ import threading
 
 import pytest
 
+from oxygen_ros.engine.checkpoint import StateLayout, save_state_layout
 from oxygen_ros.engine.types import RequestKind
-from oxygen_ros.nodes.engine_bridge import LanguageQueue, RateMeter
+from oxygen_ros.nodes.engine_bridge import LanguageQueue, RateMeter, state_extra_names
 
 
 def test_ids_per_kind_and_take_moves_to_in_flight() -> None:
@@ -93,3 +94,35 @@ def test_rate_meter_window() -> None:
         m.add(now=start + 10 + i / 70)
     assert m.rate(now=start + 10 + 2.0) == pytest.approx(70.0, rel=0.01)
     assert m.rate(now=start + 20) == 0.0
+
+
+def test_state_extra_names_come_from_the_checkpoint_when_not_given(tmp_path) -> None:
+    joints = ("a", "b")
+    trained = StateLayout(joints, ("cube.x", "cube.y"))
+    save_state_layout(tmp_path / "assets" / "workcell", trained)
+
+    def names(extra, checkpoint=str(tmp_path), assets_id="", joint_names=joints):
+        values = {"state_extra_names": extra, "checkpoint_dir": checkpoint, "assets_id": assets_id}
+        return state_extra_names(values, joint_names)
+
+    assert names([]) == ("cube.x", "cube.y")  # empty: the checkpoint's
+    assert names([], assets_id="workcell") == ("cube.x", "cube.y")
+    assert names(["cube.x", "cube.y"]) == ("cube.x", "cube.y")  # the same, typed: accepted
+    assert names([], joint_names=("left", "right")) == ("cube.x", "cube.y")  # by position
+    with pytest.raises(ValueError, match="differ from what checkpoint"):
+        names(["cube.y", "cube.x"])
+    with pytest.raises(ValueError, match="trained on 2 joints"):
+        names([], joint_names=("a", "b", "c"))
+    # Without a checkpoint, or one that records no layout, the parameter is taken as it is.
+    assert names(["cube.y"], checkpoint="") == ("cube.y",)
+    assert names([], checkpoint="") == ()
+    (tmp_path / "other" / "assets" / "workcell").mkdir(parents=True)
+    assert names(["cube.y"], checkpoint=str(tmp_path / "other")) == ("cube.y",)
+    # The shipped checkpoint of the line serves with no names typed: the target state's.
+    from oxygen_ros.perception import workcell_cubes
+    from oxygen_ros.sim import robot
+
+    shipped = names(
+        [], checkpoint="package://oxygen_ros/models/workcell_run38", joint_names=robot.JOINT_NAMES
+    )
+    assert shipped == workcell_cubes.TARGET_STATE_NAMES

@@ -18,6 +18,7 @@ from oxygen_ros.engine.tokenizer import (
 )
 from oxygen_ros.engine.types import Observation
 from oxygen_ros.nodes.image_conversion import resize_with_pad
+from oxygen_ros.perception import workcell_cubes
 from oxygen_ros.sim import language, recorder, robot, tasks
 from oxygen_ros.training import data
 from oxygen_ros.training.train import TrainConfig, split_episodes
@@ -475,3 +476,17 @@ def test_blinded_state_dims_reach_the_prompt_as_one_bin_whatever_is_measured() -
         np.stack(variants).astype(np.float32)
     )
     assert np.ptp(z[:, grippers]) < 2 / 256  # one bin with z-scores too
+
+
+def test_state_layout_names_what_each_object_state_appends() -> None:
+    """What a checkpoint records of its state (`checkpoint.StateLayout`): the 14 joints, then
+    the object state's names (none without one; the target state's 13)."""
+    for kind, extra in (
+        ("", ()),
+        ("positions", workcell_cubes.STATE_NAMES),
+        ("target", workcell_cubes.TARGET_STATE_NAMES),
+    ):
+        layout = data.state_layout(kind)
+        assert layout.joint_names == robot.JOINT_NAMES
+        assert layout.state_extra_names == extra
+        assert layout.joint_names + layout.state_extra_names == data.state_names(kind)

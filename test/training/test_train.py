@@ -14,7 +14,12 @@ from flax import nnx
 from openpi.shared import normalize
 
 from oxygen_ros.engine import model_fns
-from oxygen_ros.engine.checkpoint import Normalizer, params_into_model
+from oxygen_ros.engine.checkpoint import (
+    Normalizer,
+    StateLayout,
+    load_state_layout,
+    params_into_model,
+)
 from oxygen_ros.engine.config import NormConfig, PromptConfig, get_model_config
 from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.model import create_model
@@ -106,6 +111,9 @@ def test_checkpoint_is_served_by_the_engine_unchanged(trained, demos_dir) -> Non
     noise = engine.make_noise(0)
     served = engine.step(observation, noise=noise).actions.actions
     assert served.shape == (config.action_horizon, 14)
+    # The state it was trained on is recorded for the node that serves it: joints, no extras.
+    layout = load_state_layout(out, "workcell")
+    assert layout == StateLayout(robot.JOINT_NAMES, ()) == data.state_layout("")
     # Independently of the engine's loading path: orbax restore, openpi norm stats, the
     # model functions and the sample's own prompt give the same actions.
     with ocp.PyTreeCheckpointer() as checkpointer:
@@ -402,6 +410,8 @@ def test_the_train_command_takes_the_object_states_preset_unless_given(
         ([], "workcell"),
         (["--object-state", "poses"], "workcell_poses"),
         (["--object-state", "poses", "--preset", "workcell_poses_bins"], "workcell_poses_bins"),
+        (["--object-state", "target"], "workcell_target_bins"),
+        (["--object-state", "target", "--preset", "workcell_target_wide"], "workcell_target_wide"),
     ):
         assert train.main([*argv, *extra]) == 0
         assert configs[-1].preset == preset
