@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from oxygen_ros.engine.config import PRESET_NAMES
 from oxygen_ros.resources import resolve_path
 
 PACKAGE = "oxygen_ros"
@@ -49,9 +50,7 @@ LAUNCH_ARGUMENTS: tuple[LaunchArgument, ...] = (
     LaunchArgument(
         "model_preset",
         "",
-        "engine preset (tiny, workcell, workcell_objects, workcell_poses, "
-        "workcell_poses_bins, workcell_reach_bins, workcell_target_bins or pi05), also "
-        "perception's image size "
+        f"engine preset ({', '.join(PRESET_NAMES)}), also perception's image size "
         "(empty: the YAML's value)",
     ),
     LaunchArgument(
