@@ -154,3 +154,25 @@ def test_importing_every_module_loads_no_ros(package: str) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _loads_jax(module: str) -> bool:
+    code = (
+        f"import importlib, sys\nimportlib.import_module({module!r})\n"
+        "print(any(m.split('.')[0] in ('jax', 'flax', 'openpi') for m in sys.modules))\n"
+    )
+    # -P: the installed package (with its generated messages), not the source tree in the cwd
+    proc = subprocess.run(
+        [sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip() == "True"
+
+
+def test_the_inference_node_imports_without_jax() -> None:
+    """The inference node loads JAX only when it configures the engine, so a node stopped
+    while it starts exits at once (test_nodes_bringup): its module, and what it reads of a
+    checkpoint before configuring (`checkpoint_assets`), import no JAX, flax or openpi."""
+    assert _loads_jax("oxygen_ros.engine.checkpoint")  # positive control: the loader does
+    assert not _loads_jax("oxygen_ros.engine.checkpoint_assets")
+    assert not _loads_jax("oxygen_ros.nodes.inference_node")

@@ -19,10 +19,8 @@ joint mask: the masked action dims are relative to the observation's state) and 
 checkpoint trained here records it in `action_space.json` ({"delta_action_mask": [bool, ...]})
 so that serving it needs no extra setting. Without the file the actions are absolute.
 
-The state layout: a checkpoint trained here also records what its state vector holds
-(`state_layout.json`: {"joint_names": [...], "state_extra_names": [...]}, the joints then the
-perceived entries after them), so that a node serving it can take the perceived entries' names
-from the checkpoint instead of its user typing them.
+The state layout (`state_layout.json`, what the checkpoint's state vector holds) is read and
+written by `engine/checkpoint_assets.py`, which nodes import without JAX.
 
 Invariants:
 - A checkpoint never loads partially: any mismatch raises `CheckpointError` before the
@@ -32,7 +30,6 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import pathlib
@@ -46,6 +43,7 @@ import openpi.models.model as _openpi_model
 import openpi.shared.normalize as _normalize
 import openpi.transforms as _transforms
 
+from oxygen_ros.engine.checkpoint_assets import CheckpointError, assets_dir
 from oxygen_ros.engine.config import ModelConfig, NormConfig
 from oxygen_ros.engine.model import Pi05Model, abstract_model, param_shapes
 
@@ -53,10 +51,6 @@ logger = logging.getLogger("oxygen_ros.engine")
 
 NormStats = _normalize.NormStats
 _MAX_LISTED = 8
-
-
-class CheckpointError(ValueError):
-    """A checkpoint exists but does not fit the configured model."""
 
 
 def load_params(checkpoint_dir: str | pathlib.Path, config: ModelConfig) -> Pi05Model:
@@ -102,7 +96,7 @@ def load_norm_stats(
 
     With `assets_id=None` the checkpoint's only assets directory is used.
     """
-    directory = _assets_dir(checkpoint_dir, assets_id)
+    directory = assets_dir(checkpoint_dir, assets_id)
     if not (directory / "norm_stats.json").is_file():
         raise FileNotFoundError(f"norm stats not found: {directory / 'norm_stats.json'}")
     return _normalize.load(directory)
@@ -111,24 +105,12 @@ def load_norm_stats(
 ACTION_SPACE_FILE = "action_space.json"
 
 
-def _assets_dir(checkpoint_dir: str | pathlib.Path, assets_id: str | None) -> pathlib.Path:
-    assets = pathlib.Path(checkpoint_dir) / "assets"
-    if assets_id is None:
-        found = sorted(p.name for p in assets.iterdir() if p.is_dir()) if assets.is_dir() else []
-        if len(found) != 1:
-            raise CheckpointError(
-                f"set assets_id: {assets} holds {len(found)} asset directories {found}"
-            )
-        assets_id = found[0]
-    return assets / assets_id
-
-
 def load_delta_action_mask(
     checkpoint_dir: str | pathlib.Path, assets_id: str | None
 ) -> tuple[bool, ...]:
     """The checkpoint's delta-action mask (`action_space.json`); () when it has none (absolute
     actions)."""
-    path = _assets_dir(checkpoint_dir, assets_id) / ACTION_SPACE_FILE
+    path = assets_dir(checkpoint_dir, assets_id) / ACTION_SPACE_FILE
     if not path.is_file():
         return ()
     try:
@@ -145,47 +127,6 @@ def save_delta_action_mask(assets_dir: str | pathlib.Path, mask: tuple[bool, ...
     path = pathlib.Path(assets_dir) / ACTION_SPACE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"delta_action_mask": [bool(m) for m in mask]}) + "\n")
-
-
-STATE_LAYOUT_FILE = "state_layout.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class StateLayout:
-    """What a checkpoint's state vector holds, in order: the joints, then perceived entries
-    (`state_layout.json`, written by `training.train.save_checkpoint`)."""
-
-    joint_names: tuple[str, ...]
-    state_extra_names: tuple[str, ...]
-
-
-def load_state_layout(
-    checkpoint_dir: str | pathlib.Path, assets_id: str | None
-) -> StateLayout | None:
-    """The checkpoint's `StateLayout`; None when it records none (older checkpoints, or no
-    single asset directory to read it from). A malformed file raises `CheckpointError`."""
-    try:
-        path = _assets_dir(checkpoint_dir, assets_id) / STATE_LAYOUT_FILE
-    except (CheckpointError, OSError):
-        return None
-    if not path.is_file():
-        return None
-    try:
-        raw = json.loads(path.read_text())
-        names = {key: raw[key] for key in ("joint_names", "state_extra_names")}
-        for key, value in names.items():
-            if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
-                raise TypeError(f"{key} is not a list of strings: {value!r}")
-    except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{path}: no valid state layout ({err})") from err
-    return StateLayout(tuple(names["joint_names"]), tuple(names["state_extra_names"]))
-
-
-def save_state_layout(assets_dir: str | pathlib.Path, layout: StateLayout) -> None:
-    """Writes `state_layout.json` into a checkpoint's `assets/<id>/` directory."""
-    path = pathlib.Path(assets_dir) / STATE_LAYOUT_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dataclasses.asdict(layout), indent=1) + "\n")
 
 
 class Normalizer:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from oxygen_ros.engine.checkpoint import load_state_layout
+from oxygen_ros.engine.checkpoint_assets import load_state_layout
 from oxygen_ros.engine.config import (
     CacheConfig,
     EngineConfig,

@@ -38,7 +38,8 @@ from openpi.shared import normalize
 from openpi_client import image_tools
 
 from oxygen_ros.engine import prompts
-from oxygen_ros.engine.checkpoint import Normalizer, StateLayout
+from oxygen_ros.engine.checkpoint import Normalizer
+from oxygen_ros.engine.checkpoint_assets import StateLayout
 from oxygen_ros.engine.config import ModelConfig, NormConfig, PromptConfig
 from oxygen_ros.engine.tokenizer import (
     BUNDLED_TOKENIZER_PATH,

@@ -67,13 +67,12 @@ from openpi.shared import normalize
 from oxygen_ros.engine import model_fns
 from oxygen_ros.engine.checkpoint import (
     Normalizer,
-    StateLayout,
     load_delta_action_mask,
     load_norm_stats,
     load_params,
     save_delta_action_mask,
-    save_state_layout,
 )
+from oxygen_ros.engine.checkpoint_assets import StateLayout, save_state_layout
 from oxygen_ros.engine.config import (
     EngineConfig,
     ModelConfig,

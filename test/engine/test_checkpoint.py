@@ -13,15 +13,17 @@ from openpi.shared import normalize
 
 from oxygen_ros.engine.checkpoint import (
     ACTION_SPACE_FILE,
-    STATE_LAYOUT_FILE,
     CheckpointError,
     Normalizer,
-    StateLayout,
     load_delta_action_mask,
     load_norm_stats,
     load_params,
-    load_state_layout,
     save_delta_action_mask,
+)
+from oxygen_ros.engine.checkpoint_assets import (
+    STATE_LAYOUT_FILE,
+    StateLayout,
+    load_state_layout,
     save_state_layout,
 )
 from oxygen_ros.engine.config import NormConfig

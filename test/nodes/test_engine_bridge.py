@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from oxygen_ros.engine.checkpoint import StateLayout, save_state_layout
+from oxygen_ros.engine.checkpoint_assets import StateLayout, save_state_layout
 from oxygen_ros.engine.types import RequestKind
 from oxygen_ros.nodes.engine_bridge import LanguageQueue, RateMeter, state_extra_names
 

@@ -16,10 +16,9 @@ from openpi.shared import normalize
 from oxygen_ros.engine import model_fns
 from oxygen_ros.engine.checkpoint import (
     Normalizer,
-    StateLayout,
-    load_state_layout,
     params_into_model,
 )
+from oxygen_ros.engine.checkpoint_assets import StateLayout, load_state_layout
 from oxygen_ros.engine.config import NormConfig, PromptConfig, get_model_config
 from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.model import create_model

@@ -1,0 +1,76 @@
+"""A checkpoint's `assets/<id>/` directory and the state layout this project records there,
+without JAX: nodes read them before (or without) loading the engine.
+
+`state_layout.json` ({"joint_names": [...], "state_extra_names": [...]}): what the checkpoint's
+state vector holds, the joints, then the perceived entries after them (written by
+`training.train.save_checkpoint`), so that a node serving it can take the perceived entries'
+names from the checkpoint instead of its user typing them.
+
+Invariant: imports nothing but the standard library (the inference node imports this before
+JAX, which it loads only when it configures).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+
+class CheckpointError(ValueError):
+    """A checkpoint exists but does not fit the configured model."""
+
+
+def assets_dir(checkpoint_dir: str | pathlib.Path, assets_id: str | None) -> pathlib.Path:
+    """`<checkpoint_dir>/assets/<assets_id>`; with `assets_id` None the only directory under
+    `assets/` (`CheckpointError` when there is not exactly one)."""
+    assets = pathlib.Path(checkpoint_dir) / "assets"
+    if assets_id is None:
+        found = sorted(p.name for p in assets.iterdir() if p.is_dir()) if assets.is_dir() else []
+        if len(found) != 1:
+            raise CheckpointError(
+                f"set assets_id: {assets} holds {len(found)} asset directories {found}"
+            )
+        assets_id = found[0]
+    return assets / assets_id
+
+
+STATE_LAYOUT_FILE = "state_layout.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class StateLayout:
+    """What a checkpoint's state vector holds, in order: the joints, then perceived entries
+    (`state_layout.json`, written by `training.train.save_checkpoint`)."""
+
+    joint_names: tuple[str, ...]
+    state_extra_names: tuple[str, ...]
+
+
+def load_state_layout(
+    checkpoint_dir: str | pathlib.Path, assets_id: str | None
+) -> StateLayout | None:
+    """The checkpoint's `StateLayout`; None when it records none (older checkpoints, or no
+    single asset directory to read it from). A malformed file raises `CheckpointError`."""
+    try:
+        path = assets_dir(checkpoint_dir, assets_id) / STATE_LAYOUT_FILE
+    except (CheckpointError, OSError):
+        return None
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+        names = {key: raw[key] for key in ("joint_names", "state_extra_names")}
+        for key, value in names.items():
+            if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
+                raise TypeError(f"{key} is not a list of strings: {value!r}")
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{path}: no valid state layout ({err})") from err
+    return StateLayout(tuple(names["joint_names"]), tuple(names["state_extra_names"]))
+
+
+def save_state_layout(directory: str | pathlib.Path, layout: StateLayout) -> None:
+    """Writes `state_layout.json` into a checkpoint's `assets/<id>/` directory."""
+    path = pathlib.Path(directory) / STATE_LAYOUT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dataclasses.asdict(layout), indent=1) + "\n")
