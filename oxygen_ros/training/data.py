@@ -374,7 +374,8 @@ def state_names(object_state: str) -> tuple[str, ...]:
 
 
 def state_layout(object_state: str) -> StateLayout:
-    """`state_names(object_state)` as a checkpoint records them (`checkpoint_assets.StateLayout`)."""
+    """`state_names(object_state)` as a checkpoint records them
+    (`checkpoint_assets.StateLayout`)."""
     return StateLayout(
         tuple(robot.JOINT_NAMES), state_names(object_state)[len(robot.JOINT_NAMES) :]
     )

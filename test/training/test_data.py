@@ -479,8 +479,8 @@ def test_blinded_state_dims_reach_the_prompt_as_one_bin_whatever_is_measured() -
 
 
 def test_state_layout_names_what_each_object_state_appends() -> None:
-    """What a checkpoint records of its state (`checkpoint_assets.StateLayout`): the 14 joints, then
-    the object state's names (none without one; the target state's 13)."""
+    """What a checkpoint records of its state (`checkpoint_assets.StateLayout`): the 14
+    joints, then the object state's names (none without one; the target state's 13)."""
     for kind, extra in (
         ("", ()),
         ("positions", workcell_cubes.STATE_NAMES),
