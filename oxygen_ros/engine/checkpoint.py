@@ -19,8 +19,9 @@ joint mask: the masked action dims are relative to the observation's state) and 
 checkpoint trained here records it in `action_space.json` ({"delta_action_mask": [bool, ...]})
 so that serving it needs no extra setting. Without the file the actions are absolute.
 
-The state layout (`state_layout.json`, what the checkpoint's state vector holds) is read and
-written by `engine/checkpoint_assets.py`, which nodes import without JAX.
+Both files are read and written by `engine/checkpoint_assets.py` (standard library only, so
+nodes import it without JAX), with the state layout (`state_layout.json`, what the
+checkpoint's state vector holds).
 
 Invariants:
 - A checkpoint never loads partially: any mismatch raises `CheckpointError` before the
@@ -30,7 +31,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import logging
 import pathlib
 from collections.abc import Mapping
@@ -100,33 +100,6 @@ def load_norm_stats(
     if not (directory / "norm_stats.json").is_file():
         raise FileNotFoundError(f"norm stats not found: {directory / 'norm_stats.json'}")
     return _normalize.load(directory)
-
-
-ACTION_SPACE_FILE = "action_space.json"
-
-
-def load_delta_action_mask(
-    checkpoint_dir: str | pathlib.Path, assets_id: str | None
-) -> tuple[bool, ...]:
-    """The checkpoint's delta-action mask (`action_space.json`); () when it has none (absolute
-    actions)."""
-    path = assets_dir(checkpoint_dir, assets_id) / ACTION_SPACE_FILE
-    if not path.is_file():
-        return ()
-    try:
-        mask = json.loads(path.read_text())["delta_action_mask"]
-        if not isinstance(mask, list) or not all(isinstance(m, bool) for m in mask):
-            raise TypeError(f"not a list of booleans: {mask!r}")
-    except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{path}: no valid delta_action_mask ({err})") from err
-    return tuple(mask)
-
-
-def save_delta_action_mask(assets_dir: str | pathlib.Path, mask: tuple[bool, ...]) -> None:
-    """Writes `action_space.json` into a checkpoint's `assets/<id>/` directory."""
-    path = pathlib.Path(assets_dir) / ACTION_SPACE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"delta_action_mask": [bool(m) for m in mask]}) + "\n")
 
 
 class Normalizer:

@@ -1,5 +1,9 @@
-"""A checkpoint's `assets/<id>/` directory and the state layout this project records there,
+"""A checkpoint's `assets/<id>/` directory and the two files this project records there,
 without JAX: nodes read them before (or without) loading the engine.
+
+`action_space.json` ({"delta_action_mask": [bool, ...]}): which action dims are relative to the
+observation's state (openpi's `DeltaActions` mask, kept in openpi's training config, here with
+the checkpoint); without the file the actions are absolute.
 
 `state_layout.json` ({"joint_names": [...], "state_extra_names": [...]}): what the checkpoint's
 state vector holds, the joints, then the perceived entries after them (written by
@@ -74,3 +78,30 @@ def save_state_layout(directory: str | pathlib.Path, layout: StateLayout) -> Non
     path = pathlib.Path(directory) / STATE_LAYOUT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dataclasses.asdict(layout), indent=1) + "\n")
+
+
+ACTION_SPACE_FILE = "action_space.json"
+
+
+def load_delta_action_mask(
+    checkpoint_dir: str | pathlib.Path, assets_id: str | None
+) -> tuple[bool, ...]:
+    """The checkpoint's delta-action mask (`action_space.json`); () when it has none (absolute
+    actions)."""
+    path = assets_dir(checkpoint_dir, assets_id) / ACTION_SPACE_FILE
+    if not path.is_file():
+        return ()
+    try:
+        mask = json.loads(path.read_text())["delta_action_mask"]
+        if not isinstance(mask, list) or not all(isinstance(m, bool) for m in mask):
+            raise TypeError(f"not a list of booleans: {mask!r}")
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{path}: no valid delta_action_mask ({err})") from err
+    return tuple(mask)
+
+
+def save_delta_action_mask(directory: str | pathlib.Path, mask: tuple[bool, ...]) -> None:
+    """Writes `action_space.json` into a checkpoint's `assets/<id>/` directory."""
+    path = pathlib.Path(directory) / ACTION_SPACE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"delta_action_mask": [bool(m) for m in mask]}) + "\n")

@@ -51,13 +51,8 @@ import numpy as np
 from openpi.shared import image_tools
 
 from oxygen_ros.engine import compiles, prompts
-from oxygen_ros.engine.checkpoint import (
-    Normalizer,
-    NormStats,
-    load_delta_action_mask,
-    load_norm_stats,
-    load_params,
-)
+from oxygen_ros.engine.checkpoint import Normalizer, NormStats, load_norm_stats, load_params
+from oxygen_ros.engine.checkpoint_assets import load_delta_action_mask
 from oxygen_ros.engine.chunk_guide import ChunkGuide
 from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, EngineConfig
 from oxygen_ros.engine.detokenizer import IncrementalDetokenizer, find_anchor_id

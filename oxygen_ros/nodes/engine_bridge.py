@@ -95,22 +95,26 @@ def build_engine_config(values: Mapping[str, Any], num_joints: int) -> EngineCon
     )
 
 
-def state_extra_names(values: Mapping[str, Any], joint_names: Sequence[str]) -> tuple[str, ...]:
-    """The frame entries after the joints that the model's state holds: `state_extra_names`,
-    or, when that is empty, the checkpoint's own (its `state_layout.json`: what it was trained
-    on). A checkpoint that records no layout takes the parameter as it is. The joints are
-    matched by position, not by name (a robot may name them its own way).
+def state_extra_names(
+    configured: Sequence[str], config: EngineConfig, joint_names: Sequence[str]
+) -> tuple[str, ...]:
+    """The frame entries after the joints that the model's state holds: `configured` (the
+    `state_extra_names` parameter), or, when that is empty, the checkpoint's own (its
+    `state_layout.json`: what it was trained on), for the checkpoint `config`
+    (`build_engine_config`'s) serves. A checkpoint that records no layout takes the parameter
+    as it is. The joints are matched by position, not by name (a robot may name them its own
+    way).
 
     Raises:
         ValueError: The checkpoint was trained on another number of joints, or a non-empty
             `state_extra_names` differs from the entries it was trained on, or its layout file
-            is malformed (`checkpoint.CheckpointError`).
+            is malformed (`checkpoint_assets.CheckpointError`).
     """
-    configured = tuple(values["state_extra_names"])
-    checkpoint_dir = resolve_path(values["checkpoint_dir"])
+    configured = tuple(configured)
+    checkpoint_dir = config.checkpoint_dir
     if not checkpoint_dir:
         return configured
-    layout = load_state_layout(checkpoint_dir, values["assets_id"] or None)
+    layout = load_state_layout(checkpoint_dir, config.assets_id)
     if layout is None:
         return configured
     if len(layout.joint_names) != len(joint_names):

@@ -141,11 +141,13 @@ class InferenceNode(LifecycleNode):
         try:
             # The model's state: the joints, then perceived entries of the frame (not
             # actions), named by the parameter or by the checkpoint.
-            extra = state_extra_names(p.values(), self._joint_names)
+            self._engine_config = build_engine_config(p.values(), len(self._joint_names))
+            extra = state_extra_names(
+                p["state_extra_names"], self._engine_config, self._joint_names
+            )
             self._state_names = state_names = self._joint_names + extra
             if len(set(state_names)) != len(state_names):
                 raise ValueError(f"state_extra_names repeat a joint: {list(extra)}")
-            self._engine_config = build_engine_config(p.values(), len(self._joint_names))
             self._stream_config()  # checked here; built again at configure (runtime values)
             self._groups = self._trajectory_groups()
         except ValueError as exc:

@@ -65,14 +65,13 @@ import orbax.checkpoint as ocp
 from openpi.shared import normalize
 
 from oxygen_ros.engine import model_fns
-from oxygen_ros.engine.checkpoint import (
-    Normalizer,
+from oxygen_ros.engine.checkpoint import Normalizer, load_norm_stats, load_params
+from oxygen_ros.engine.checkpoint_assets import (
+    StateLayout,
     load_delta_action_mask,
-    load_norm_stats,
-    load_params,
     save_delta_action_mask,
+    save_state_layout,
 )
-from oxygen_ros.engine.checkpoint_assets import StateLayout, save_state_layout
 from oxygen_ros.engine.config import (
     EngineConfig,
     ModelConfig,

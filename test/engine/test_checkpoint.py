@@ -11,19 +11,15 @@ from engine_factories import TINY, make_engine_config, make_observation
 from flax import nnx
 from openpi.shared import normalize
 
-from oxygen_ros.engine.checkpoint import (
-    ACTION_SPACE_FILE,
-    CheckpointError,
-    Normalizer,
-    load_delta_action_mask,
-    load_norm_stats,
-    load_params,
-    save_delta_action_mask,
-)
+from oxygen_ros.engine.checkpoint import Normalizer, load_norm_stats, load_params
 from oxygen_ros.engine.checkpoint_assets import (
+    ACTION_SPACE_FILE,
     STATE_LAYOUT_FILE,
+    CheckpointError,
     StateLayout,
+    load_delta_action_mask,
     load_state_layout,
+    save_delta_action_mask,
     save_state_layout,
 )
 from oxygen_ros.engine.config import NormConfig

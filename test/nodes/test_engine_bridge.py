@@ -1,12 +1,15 @@
 """Language request queue bookkeeping and rate meters."""
 
+import dataclasses
 import threading
 
 import pytest
 
 from oxygen_ros.engine.checkpoint_assets import StateLayout, save_state_layout
+from oxygen_ros.engine.config import EngineConfig
 from oxygen_ros.engine.types import RequestKind
 from oxygen_ros.nodes.engine_bridge import LanguageQueue, RateMeter, state_extra_names
+from oxygen_ros.resources import resolve_path
 
 
 def test_ids_per_kind_and_take_moves_to_in_flight() -> None:
@@ -102,8 +105,12 @@ def test_state_extra_names_come_from_the_checkpoint_when_not_given(tmp_path) -> 
     save_state_layout(tmp_path / "assets" / "workcell", trained)
 
     def names(extra, checkpoint=str(tmp_path), assets_id="", joint_names=joints):
-        values = {"state_extra_names": extra, "checkpoint_dir": checkpoint, "assets_id": assets_id}
-        return state_extra_names(values, joint_names)
+        config = dataclasses.replace(
+            EngineConfig(),
+            checkpoint_dir=resolve_path(checkpoint) or None,
+            assets_id=assets_id or None,
+        )
+        return state_extra_names(extra, config, joint_names)
 
     assert names([]) == ("cube.x", "cube.y")  # empty: the checkpoint's
     assert names([], assets_id="workcell") == ("cube.x", "cube.y")
