@@ -1,15 +1,21 @@
 """The shipped model acting through the whole ROS graph (workcell_sim -> perception ->
 inference -> /oxygen/actions -> workcell_sim) with subtask, narration and memory requests
-running: `benchmarks/closed_loop.py` in its own process on held-out seeds.
+running: `benchmarks/closed_loop.py` in its own process on held-out seeds, with nothing but the
+workcell profile's defaults (config/workcell.yaml: run 38 of the DAgger line,
+models/workcell_run38, fed the instructed cube's pose by perception's `cube_state: target`).
 
-Checked: the graph brings the shipped checkpoint up from `package://` (its own tokenizer, the
-96 px perception resolution, 0.1 s rows), actions flow without starvation, periodic subtasks
-are spoken and name the phase the sim is in, memory entries state the episode's facts.
-Thresholds from the measured rates (docs/TRAINING.md, 10 held-out episodes: subtask 86.9 % of
-289, memory 96.7 % of 30). Memory is requested every second here, not every 5 s as the YAML
-has it: two episodes at 5 s give about 5 entries, too few for a rate (3 of 5 failed one CI
-run). Task success is not asserted: the shipped model does not do the tasks yet (0/10), the
-open part of issue 10.
+Checked: the graph brings the checkpoint up from `package://` (its own tokenizer, state layout
+and delta actions, the 96 px perception resolution), actions flow without starvation, periodic
+subtasks are spoken and name the phase the sim is in, memory entries state the episode's facts.
+Thresholds from the measured rates (docs/TRAINING.md "Scheduler modes through ROS": 80 episodes
+on seeds 0-9, subtask right in 70-86 % per setting, one episode as low as 36 %): every pool of
+three of those episodes from one setting is right in at least 51.5 % of its subtasks (960
+pools), so three episodes and 50 % are asserted; memory entries are true in 76-92 % per
+setting. Memory is requested every second here, not every 5 s as the YAML has it, so that three
+episodes give enough entries for a rate. Task success is not asserted: at run 38's 36 % through
+ROS three episodes finish none with a probability of 26 %; the success guard is
+test/trained/test_line_checkpoint_rollouts.py (12 episodes without ROS), and issue 10's bar
+is not met.
 """
 
 from __future__ import annotations
@@ -25,9 +31,9 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-SEED_START = 0  # held out: training used seeds 1000-1189
-EPISODES = 2
-SUBTASK_ACCURACY_MIN = 0.7
+SEED_START = 0  # held out: run 38's demonstrations used seeds 1000-1999, its DAgger rounds 500-799
+EPISODES = 3
+SUBTASK_ACCURACY_MIN = 0.5
 MEMORY_ACCURACY_MIN = 0.7
 MEMORY_PERIOD_S = 1.0
 
@@ -58,9 +64,12 @@ def test_actions_flow_from_the_shipped_checkpoint(run) -> None:
 
 def test_speech_names_the_phase_and_memory_the_facts(run) -> None:
     summary = run["summary"]
-    assert summary["subtasks_spoken"] >= 8 * EPISODES  # every 0.5 s, episodes last >= 12 s
+    # requested every 0.5 s (subtask), 2 s (narration), MEMORY_PERIOD_S (memory) of sim time;
+    # an episode that succeeds ends early (the shortest in the grid: 4.2 s)
+    sim_s = sum(e["elapsed_s"] for e in run["episodes"])
+    assert summary["subtasks_spoken"] >= 1.5 * sim_s
     assert summary["subtask_accuracy"] >= SUBTASK_ACCURACY_MIN, run["episodes"]
-    assert summary["narrations_spoken"] >= 2 * EPISODES
-    assert summary["memories_written"] >= 8 * EPISODES
+    assert summary["narrations_spoken"] >= 0.3 * sim_s
+    assert summary["memories_written"] >= 0.6 * sim_s / MEMORY_PERIOD_S
     examples = [e["spoken_examples"] for e in run["episodes"]]
     assert summary["memory_accuracy"] >= MEMORY_ACCURACY_MIN, examples
