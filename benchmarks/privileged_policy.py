@@ -39,6 +39,13 @@ from whole views only; or that and, while a gripper holds the cube, the pinch po
 demonstrations and the evaluation alike; `z` only with `inhand` (the pinch point's height while
 held, the table plane's otherwise: a top camera does not measure height).
 
+Towards the VLA (run 45): `--batch-size 16 --steps 4618` gives the MLP the VLA's sample budget;
+`--prompt-bins` reduces every input to what the pi0.5 prompt keeps of it (its 256 quantile
+bins); `--flow-steps N` fits the MLP as a flow-matching velocity field sampled in N Euler steps
+(`--flow-draws K` (noise, time) pairs per sample, `--noise-scale` on the starting noise), as
+the VLA's action expert is trained and sampled; `--heldout first:stop` keeps demonstrations out
+of the fit and reports the action error on them.
+
 `python -m benchmarks.privileged_policy --blocks z,yaw,goal,pinch3 --demos 1000:2000
 --seeds 0:40 [--perception whole] [--dagger-rounds 3] [--cache F.npz] --out results.json` from
 the repository root (2 worker processes by default). The cache keeps every block of the
@@ -64,6 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ is no pa
 import state_policy
 
 from oxygen_ros.engine.checkpoint import Normalizer
+from oxygen_ros.engine.prompts import NUM_STATE_BINS, discretize_state
 from oxygen_ros.perception import workcell_cubes
 from oxygen_ros.perception.cube_poses import CubePoses
 from oxygen_ros.sim import robot, tasks
@@ -195,16 +203,29 @@ class Policy:
     members: list
     stats: dict[str, np.ndarray]
     columns: np.ndarray
+    flow_steps: int = 0  # > 0: the MLP is a flow-matching velocity field (`train_flow`)
+    noise_scale: float = 1.0  # the flow's starting noise times this (0: from zero)
 
     def __post_init__(self) -> None:
         import jax
 
         self._forward = jax.jit(state_policy.ensemble)
+        self._sample = jax.jit(flow_sample, static_argnums=3)
+        self._rng = np.random.default_rng(0)
 
     def __call__(self, features: np.ndarray, joints: np.ndarray) -> np.ndarray:
         s = self.stats
-        x = (features[self.columns] - s["input_mean"]) / s["input_std"]
-        out = np.asarray(self._forward(self.members, x[None].astype(np.float32)))[0]
+        x = features[self.columns]
+        if "bin_low" in s:
+            x = as_prompt_bins(x, s["bin_low"], s["bin_high"])
+        x = (x - s["input_mean"]) / s["input_std"]
+        x = x[None].astype(np.float32)
+        if self.flow_steps:
+            noise = self.noise_scale * self._rng.standard_normal((1, len(s["target_mean"])))
+            noise = noise.astype(np.float32)
+            out = np.asarray(self._sample(self.members[0], x, noise, self.flow_steps))[0]
+        else:
+            out = np.asarray(self._forward(self.members, x))[0]
         rows = (out * s["target_std"] + s["target_mean"]).reshape(HORIZON, robot.NUM_JOINTS)
         return np.asarray(
             Normalizer.absolute_actions(rows, joints, data.DELTA_ACTION_MASK), np.float64
@@ -322,7 +343,10 @@ def run_many(
     perception: str = "",
 ) -> list[tuple[Episode, dict[str, np.ndarray]]]:
     """`run_episode` over `seeds`, split round-robin over `workers` processes (in order)."""
-    parts = (policy.members, policy.stats, policy.columns) if policy else None
+    parts = None
+    if policy:
+        p = policy
+        parts = (p.members, p.stats, p.columns, p.flow_steps, p.noise_scale)
     jobs = [(list(seeds[k::workers]), mode, parts, beta, perception) for k in range(workers)]
     if workers == 1:
         results = [_work(jobs[0])]
@@ -340,6 +364,77 @@ def stack(
     return {k: np.concatenate([r[k] for r in kept]) for k in ("features", "joints", "chunks")}
 
 
+def flow_sample(params, observation, noise, steps: int):
+    """Euler integration of the velocity field from noise (time 1) to actions (time 0), in
+    `steps` equal steps, the direction openpi's flow matching integrates."""
+    import jax.numpy as jnp
+
+    x, dt = noise, -1.0 / steps
+    for i in range(steps):
+        t = jnp.full((len(x), 1), 1.0 + i * dt, x.dtype)
+        x = x + dt * state_policy.mlp(params, jnp.concatenate([observation, x, t], axis=1))
+    return x
+
+
+def train_flow(
+    batches,
+    sizes: tuple[int, int],
+    steps: int,
+    lr: float,
+    width: int,
+    seed: int,
+    draws: int = 1,
+):
+    """The same MLP and schedule as `state_policy.train`, as a velocity field v(obs, x_t, t)
+    with the flow-matching loss: x_t = t noise + (1 - t) actions, target noise - actions, t
+    drawn from Beta(1.5, 1) (openpi's choice) kept off 0; `draws` (noise, time) pairs per
+    sample, the loss their mean (as `train --action-draws`)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    obs_width, action_width = sizes
+    params = state_policy.init_mlp(
+        jax.random.key(seed), [obs_width + action_width + 1, width, width, width, action_width]
+    )
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, 200, steps, lr * 0.01)
+    optimiser = optax.adamw(schedule, weight_decay=1e-4)
+    opt_state = optimiser.init(params)
+
+    @jax.jit
+    def step(params, opt_state, xb, yb, key):
+        xb, yb = jnp.repeat(xb, draws, axis=0), jnp.repeat(yb, draws, axis=0)
+        noise_key, time_key = jax.random.split(key)
+        noise = jax.random.normal(noise_key, yb.shape)
+        t = jax.random.beta(time_key, 1.5, 1.0, (len(yb), 1)) * 0.999 + 0.001
+        x_t = t * noise + (1 - t) * yb
+
+        def loss_fn(p):
+            v = state_policy.mlp(p, jnp.concatenate([xb, x_t, t], axis=1))
+            return jnp.mean((v - (noise - yb)) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = optimiser.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    rng, key = np.random.default_rng(seed), jax.random.key(seed + 1)
+    for i in range(steps):
+        key, sub = jax.random.split(key)
+        params, opt_state, loss = step(params, opt_state, *batches(rng), sub)
+        if i % 500 == 0 or i == steps - 1:
+            print(f"step {i:>6} flow loss {float(loss):.4f}", flush=True)
+    return params
+
+
+def as_prompt_bins(x: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """`x` [..., F] as much as the pi0.5 prompt tells of it: quantile-normalised to [-1, 1]
+    over (low, high) (openpi's q01, q99), cut into `prompts.discretize_state`'s 256 bins (-1
+    below the range, 255 above it), each bin given back as its centre in normalised units."""
+    normalised = (x - low) / (high - low) * 2.0 - 1.0
+    bins = discretize_state(normalised)
+    return (-1.0 + (bins + 0.5) * 2.0 / NUM_STATE_BINS).astype(np.float32)
+
+
 def fit(
     rows: dict[str, np.ndarray],
     cols: np.ndarray,
@@ -347,12 +442,31 @@ def fit(
     seed: int,
     fits: int,
     min_std: float = 1e-3,
+    batch_size: int = 256,
+    prompt_bins: bool = False,
+    min_norm_range: float = 0.1,
+    flow_steps: int = 0,
+    flow_draws: int = 1,
+    noise_scale: float = 1.0,
 ) -> Policy:
     """`fits` MLPs (seeds `seed`..) on the selected columns, their mean as the policy. Inputs
     are normalised by their std plus `min_std` (a floor: a column that barely varies in the
     demonstrations, such as the whole-view start minus the cube, would otherwise turn a
-    2 mm error at run time into several standard deviations)."""
+    2 mm error at run time into several standard deviations). With `prompt_bins` every input
+    is first reduced to its pi0.5 prompt bin (`as_prompt_bins`, q01-q99 ranges widened to at
+    least `min_norm_range` as `train --min-norm-range` widens them), in training and at run
+    time alike. With `flow_steps` one MLP is fit as a flow-matching velocity field instead of
+    a regression (`train_flow`) and acts by sampling in that many Euler steps."""
     x = rows["features"][:, cols]
+    binning = {}
+    if prompt_bins:
+        low, high = np.quantile(x, 0.01, axis=0), np.quantile(x, 0.99, axis=0)
+        narrow = (high - low) < min_norm_range
+        centre = (low + high) / 2
+        low = np.where(narrow, centre - min_norm_range / 2, low)
+        high = np.where(narrow, centre + min_norm_range / 2, high)
+        binning = {"bin_low": low, "bin_high": high}
+        x = as_prompt_bins(x, low, high)
     y = Normalizer.relative_actions(rows["chunks"], rows["joints"], data.DELTA_ACTION_MASK)
     y = y.reshape(len(y), -1)
     stats = {
@@ -360,20 +474,32 @@ def fit(
         "input_std": x.std(0) + min_std,
         "target_mean": y.mean(0),
         "target_std": y.std(0) + 1e-3,
+        **binning,
     }
     xn = ((x - stats["input_mean"]) / stats["input_std"]).astype(np.float32)
     yn = ((y - stats["target_mean"]) / stats["target_std"]).astype(np.float32)
 
     def batches(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        index = rng.integers(0, len(xn), 256)
+        index = rng.integers(0, len(xn), batch_size)
         return xn[index], yn[index]
 
     members = []
-    for k in range(fits):
-        sizes = (xn.shape[1], yn.shape[1])
-        params, _ = state_policy.train(batches, sizes, steps, 1e-3, 512, seed + k)
+    sizes = (xn.shape[1], yn.shape[1])
+    for k in range(1 if flow_steps else fits):
+        if flow_steps:
+            params = train_flow(batches, sizes, steps, 1e-3, 512, seed + k, flow_draws)
+        else:
+            params, _ = state_policy.train(batches, sizes, steps, 1e-3, 512, seed + k)
         members.append([{name: np.asarray(v) for name, v in layer.items()} for layer in params])
-    return Policy(members, stats, cols)
+    return Policy(members, stats, cols, flow_steps, noise_scale)
+
+
+def action_error(policy: Policy, rows: dict[str, np.ndarray]) -> float:
+    """Mean |chunk - label| over every row, joint and observation of `rows` (rad for the arm
+    joints, the grippers' normalised travel), the policy's chunk as it would act."""
+    pairs = zip(rows["features"], rows["joints"], strict=True)
+    predicted = np.stack([policy(x, q.astype(np.float64)) for x, q in pairs])
+    return float(np.abs(predicted - rows["chunks"]).mean())
 
 
 def summarise(episodes: Sequence[Episode]) -> dict:
@@ -398,6 +524,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the first MLP's seed")
     parser.add_argument("--fits", type=int, default=1)
     parser.add_argument("--min-std", type=float, default=1e-3, help="added to each input's std")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument(
+        "--flow-steps",
+        type=int,
+        default=0,
+        help="> 0: a flow-matching velocity field sampled in this many Euler steps (one fit)",
+    )
+    parser.add_argument("--flow-draws", type=int, default=1, help="(noise, time) per sample")
+    parser.add_argument(
+        "--noise-scale", type=float, default=1.0, help="the flow's starting noise times this"
+    )
+    parser.add_argument(
+        "--prompt-bins",
+        action="store_true",
+        help="every input reduced to its pi0.5 prompt bin (256 bins over q01-q99), as the VLA "
+        "reads its state",
+    )
     parser.add_argument("--dagger-rounds", type=int, default=0)
     parser.add_argument("--dagger-episodes", type=int, default=40)
     parser.add_argument("--beta", type=float, default=0.3)
@@ -407,6 +550,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=PERCEPTIONS,
         default=None,
         help="the cube's blocks from the top camera (default: the simulator's true state)",
+    )
+    parser.add_argument(
+        "--heldout",
+        default="",
+        help="first:stop demonstration seeds kept out of the fit: each fit's action error on "
+        "them (mean |row - label| over every row and joint, as train's val_action_mae_rad)",
     )
     parser.add_argument("--cache", default="", help="demonstration rows (.npz), reused")
     parser.add_argument("--out", required=True)
@@ -426,10 +575,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = stack(demos, successful_only=True)
         if args.cache:
             np.savez(args.cache, **rows)
+    heldout = None
+    if args.heldout:
+        held = run_many(range(*(int(v) for v in args.heldout.split(":"))), "demo", workers=1)
+        heldout = stack(held, successful_only=True)
     report = {"blocks": blocks, "args": vars(args), "rounds": []}
     next_seed = 5000
     for round_index in range(args.dagger_rounds + 1):
-        policy = fit(rows, cols, args.steps, args.seed, args.fits, args.min_std)
+        policy = fit(
+            rows,
+            cols,
+            args.steps,
+            args.seed,
+            args.fits,
+            args.min_std,
+            args.batch_size,
+            args.prompt_bins,
+            flow_steps=args.flow_steps,
+            flow_draws=args.flow_draws,
+            noise_scale=args.noise_scale,
+        )
         evaluation = run_many(
             range(*(int(v) for v in args.seeds.split(":"))),
             "eval",
@@ -439,6 +604,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         episodes = [e for e, _ in evaluation]
         entry = {"round": round_index, "rows": len(rows["features"]), **summarise(episodes)}
+        if heldout is not None:
+            entry["heldout_action_mae"] = action_error(policy, heldout)
         print(f"round {round_index}", entry, f"{time.monotonic() - started:.0f} s", flush=True)
         report["rounds"].append({**entry, "episodes": [dataclasses.asdict(e) for e in episodes]})
         Path(args.out).write_text(json.dumps(report, indent=1))

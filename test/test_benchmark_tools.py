@@ -450,6 +450,49 @@ def test_privileged_demonstrations_label_and_evaluate(privileged) -> None:
         cell.close()
 
 
+def test_privileged_prompt_bins_keep_what_the_prompt_keeps(privileged) -> None:
+    """--prompt-bins: a value comes back as the centre of its prompt bin (within half a bin of
+    it inside the range, the bin the engine's prompt writes), values below and above the
+    range collapse onto bins -1 and 255, and two values in one bin come back equal."""
+    from oxygen_ros.engine.prompts import discretize_state
+
+    low, high = np.array([0.0, -1.0]), np.array([0.256, 1.0])
+    x = np.array([[0.1004, 0.5], [0.1006, 0.5], [-3.0, 9.0], [0.2559, -0.9999]])
+    got = privileged.as_prompt_bins(x, low, high)
+    half_bin = (high - low) / 256 / 2
+    inside = (got[[0, 1, 3]] + 1) / 2 * (high - low) + low
+    assert np.all(np.abs(inside - x[[0, 1, 3]]) <= half_bin + 1e-6)
+    assert got[0, 0] == got[1, 0]  # one bin, one value
+    bins = discretize_state((x - low) / (high - low) * 2 - 1)
+    assert bins[2].tolist() == [-1, 255]
+    np.testing.assert_allclose(got[2], [-1 - 1 / 256, 1 - 1 / 256], atol=1e-6)
+
+
+def test_privileged_flow_head_learns_a_chunk_and_samples_it(privileged) -> None:
+    """--flow-steps: the velocity field fit with the flow-matching loss on two observations
+    with different targets samples each one's target from noise (well within the targets'
+    distance), and an untrained field (the negative control) does not."""
+    import jax
+    import jax.numpy as jnp
+
+    x = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
+    y = np.array([[1.0, -1.0, 0.5], [-1.0, 1.0, -0.5]], np.float32)
+
+    def batches(rng):
+        index = rng.integers(0, 2, 64)
+        return x[index], y[index]
+
+    def sampled(params):
+        noise = np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32)
+        return np.asarray(privileged.flow_sample(params, jnp.asarray(x), noise, 10))
+
+    trained = privileged.train_flow(batches, (2, 3), 600, 1e-3, 64, 0)
+    untrained = privileged.state_policy.init_mlp(jax.random.key(0), [2 + 3 + 1, 64, 64, 64, 3])
+    distance = np.abs(y[0] - y[1]).mean()
+    assert np.abs(sampled(trained) - y).mean() < 0.1 * distance
+    assert np.abs(sampled(untrained) - y).mean() > 0.3 * distance
+
+
 def test_privileged_perceived_blocks_come_from_the_top_camera(privileged) -> None:
     """--perceived: the cube's (x, y) and yaw from the top camera are within the detector's
     error of the truth, its height is the table plane's, and the start is the first

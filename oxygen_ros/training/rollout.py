@@ -14,7 +14,7 @@ spoken subtask against the stage at each observation, and the frames run.
 
 `python -m oxygen_ros.training.rollout --checkpoint DIR --seeds 0:10 [--execute-s 0.5]
 [--noise fresh|episode] [--noise-scale 1.0] [--object-state [positions|poses|reach|target]]
-[--out results.json]
+[--blind] [--out results.json]
 Nothing here imports rclpy.
 """
 
@@ -60,6 +60,9 @@ class RolloutConfig:
     speak: bool = True  # a subtask request every frame, scored against the stage
     resolution: tuple[int, int] = (96, 96)  # model image size (the preset's image_resolution)
     preset: str = ""  # the checkpoint's model preset ("": the object state's, data.model_preset)
+    # Every camera masked out of each frame (as `train --image-dropout` masks a sample's): the
+    # policy sees the instruction and the state only.
+    blind: bool = False
 
     def __post_init__(self) -> None:
         if self.noise not in NOISE_MODES:
@@ -188,6 +191,9 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
         observation = data.observe(
             workcell, spec.instruction, config.resolution, cubes, workcell.time
         )
+        if config.blind:
+            masks = dict.fromkeys(observation.image_masks, False)
+            observation = dataclasses.replace(observation, image_masks=masks)
         stage = evaluation.stage
         rows, subtask = policy.act(workcell, observation)
         moved.append(moved_arm(rows, observation.state[: robot.NUM_JOINTS]))
@@ -292,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--noise-scale", type=float, default=RolloutConfig.noise_scale)
     data.add_object_state_argument(parser)
     parser.add_argument("--no-speak", action="store_true")
+    parser.add_argument("--blind", action="store_true", help="every camera masked out")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     config = RolloutConfig(
@@ -300,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         noise_scale=args.noise_scale,
         object_state=args.object_state,
         speak=not args.no_speak,
+        blind=args.blind,
         preset=args.preset,
     )
     episodes, summary = rollouts(args.checkpoint, parse_seeds(args.seeds), config)

@@ -4,6 +4,8 @@ one (a policy that holds the arms at home never leaves "reach"), and the checkpo
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -89,6 +91,29 @@ def test_the_experts_chunks_succeed_and_holding_home_does_not(workcell, seed):
     # it ran to the time limit, one frame per executed half second
     assert held.sim_s == pytest.approx(12.0 if seed == 1 else 16.0, abs=0.05)
     assert held.frames == pytest.approx(held.sim_s / 0.5, abs=1)
+
+
+class _SeesMasks(_HoldHome):
+    """Records every frame's camera masks."""
+
+    def __init__(self):
+        self.masks = []
+
+    def act(self, workcell, observation):
+        self.masks.append(dict(observation.image_masks))
+        return super().act(workcell, observation)
+
+
+def test_blind_rollouts_mask_every_camera_of_every_frame(workcell):
+    seeing = _SeesMasks()  # the positive control: by default every camera is valid
+    config = rollout.RolloutConfig(execute_s=2.0)
+    rollout.run_episode(seeing, workcell, 1, config)
+    assert seeing.masks and all(all(m.values()) for m in seeing.masks)
+    blind = _SeesMasks()
+    rollout.run_episode(blind, workcell, 1, dataclasses.replace(config, blind=True))
+    assert blind.masks and all(
+        m.keys() == seeing.masks[0].keys() and not any(m.values()) for m in blind.masks
+    )
 
 
 def test_the_object_state_follows_the_joints(workcell):
