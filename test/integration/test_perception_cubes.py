@@ -127,7 +127,7 @@ def test_frames_carry_the_detected_cubes_and_hold_them_while_unseen(
     launcher, ros_node, tmp_path
 ) -> None:
     override = tmp_path / "override.yaml"
-    override.write_text(OVERRIDES)
+    override.write_text(OVERRIDES + "    cube_state: positions\n")  # the profile's is target
     cell = Workcell(WorkcellConfig())
     sensors = WorkcellSensors(ros_node)
     try:
