@@ -385,44 +385,25 @@ def train_flow(
     seed: int,
     draws: int = 1,
 ):
-    """The same MLP and schedule as `state_policy.train`, as a velocity field v(obs, x_t, t)
-    with the flow-matching loss: x_t = t noise + (1 - t) actions, target noise - actions, t
-    drawn from Beta(1.5, 1) (openpi's choice) kept off 0; `draws` (noise, time) pairs per
-    sample, the loss their mean (as `train --action-draws`)."""
+    """`state_policy.train`'s MLP and schedule as a velocity field v(obs, x_t, t) with the
+    flow-matching loss: x_t = t noise + (1 - t) actions, target noise - actions, t drawn from
+    Beta(1.5, 1) (openpi's choice) kept off 0; `draws` (noise, time) pairs per sample, the
+    loss their mean (as `train --action-draws`)."""
     import jax
     import jax.numpy as jnp
-    import optax
 
-    obs_width, action_width = sizes
-    params = state_policy.init_mlp(
-        jax.random.key(seed), [obs_width + action_width + 1, width, width, width, action_width]
-    )
-    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, 200, steps, lr * 0.01)
-    optimiser = optax.adamw(schedule, weight_decay=1e-4)
-    opt_state = optimiser.init(params)
-
-    @jax.jit
-    def step(params, opt_state, xb, yb, key):
+    def flow_loss(params, xb, yb, key):
         xb, yb = jnp.repeat(xb, draws, axis=0), jnp.repeat(yb, draws, axis=0)
         noise_key, time_key = jax.random.split(key)
         noise = jax.random.normal(noise_key, yb.shape)
         t = jax.random.beta(time_key, 1.5, 1.0, (len(yb), 1)) * 0.999 + 0.001
         x_t = t * noise + (1 - t) * yb
+        v = state_policy.mlp(params, jnp.concatenate([xb, x_t, t], axis=1))
+        return jnp.mean((v - (noise - yb)) ** 2)
 
-        def loss_fn(p):
-            v = state_policy.mlp(p, jnp.concatenate([xb, x_t, t], axis=1))
-            return jnp.mean((v - (noise - yb)) ** 2)
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = optimiser.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    rng, key = np.random.default_rng(seed), jax.random.key(seed + 1)
-    for i in range(steps):
-        key, sub = jax.random.split(key)
-        params, opt_state, loss = step(params, opt_state, *batches(rng), sub)
-        if i % 500 == 0 or i == steps - 1:
-            print(f"step {i:>6} flow loss {float(loss):.4f}", flush=True)
+    obs_width, action_width = sizes
+    widths = (obs_width + action_width + 1, action_width)
+    params, _ = state_policy.train(batches, widths, steps, lr, width, seed, flow_loss)
     return params
 
 

@@ -191,10 +191,22 @@ def ensemble(members: list[list[dict[str, jax.Array]]], x: jax.Array) -> jax.Arr
     return jnp.mean(jnp.stack([mlp(params, x) for params in members]), axis=0)
 
 
+def squared_error(params, xb: jax.Array, yb: jax.Array, key: jax.Array) -> jax.Array:
+    """The regression's loss (`key` unused)."""
+    return jnp.mean((mlp(params, xb) - yb) ** 2)
+
+
 def train(
-    batches, sizes: tuple[int, int], steps: int, lr: float, width: int, seed: int
+    batches,
+    sizes: tuple[int, int],
+    steps: int,
+    lr: float,
+    width: int,
+    seed: int,
+    loss=squared_error,
 ) -> tuple[list[dict[str, jax.Array]], list[float]]:
-    """`batches(rng)` -> (x, y) normalised; `sizes` (input, output) widths."""
+    """`batches(rng)` -> (x, y) normalised; `sizes` (input, output) widths of the MLP;
+    `loss(params, x, y, key)` with a fresh key every step (the squared error by default)."""
     key = jax.random.key(seed)
     params = init_mlp(key, [sizes[0], width, width, width, sizes[1]])
     schedule = optax.warmup_cosine_decay_schedule(0.0, lr, 200, steps, lr * 0.01)
@@ -202,21 +214,19 @@ def train(
     opt_state = optimiser.init(params)
 
     @jax.jit
-    def step(params, opt_state, xb, yb):
-        def loss_fn(p):
-            return jnp.mean((mlp(p, xb) - yb) ** 2)
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
+    def step(params, opt_state, xb, yb, key):
+        value, grads = jax.value_and_grad(loss)(params, xb, yb, key)
         updates, opt_state = optimiser.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        return optax.apply_updates(params, updates), opt_state, value
 
-    rng = np.random.default_rng(seed)
+    rng, step_key = np.random.default_rng(seed), jax.random.key(seed + 1)
     losses = []
     for i in range(steps):
-        params, opt_state, loss = step(params, opt_state, *batches(rng))
+        step_key, sub = jax.random.split(step_key)
+        params, opt_state, loss_value = step(params, opt_state, *batches(rng), sub)
         if i % 500 == 0 or i == steps - 1:
-            losses.append(float(loss))
-            print(f"step {i:>6} loss {float(loss):.4f}", flush=True)
+            losses.append(float(loss_value))
+            print(f"step {i:>6} loss {float(loss_value):.4f}", flush=True)
     return params, losses
 
 
