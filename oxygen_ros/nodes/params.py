@@ -478,6 +478,15 @@ PERCEPTION: tuple[ParamSpec, ...] = (
         "str",
         check=optional_topic_name,
     ),
+    ParamSpec(
+        "reset_instruction_timeout_s",
+        1.0,
+        "with cube_state 'target' and episode_status_topic: after a reset whose episode names "
+        "another cube than the current target, frames wait at most this long (node clock) for "
+        "the episode's instruction, then go on with the current target (warned)",
+        "float",
+        check=float_range(0.0, 60.0),
+    ),
 )
 PERCEPTION_CAMERA: tuple[ParamSpec, ...] = (
     ParamSpec("topic", "", "image topic", "str", check=topic_name),

@@ -50,6 +50,12 @@ Invariants:
   instruction arrives, and the last image before a reset carries the reset's own stamp. A
   reset the node learns of after its tracker saw an image from before it restarts the tracker
   (`cube_state.restarted_at_reset`); the instructed target is kept.
+- The episode status and the episode's instruction (through the inference node) arrive in
+  either order. With `cube_state: target`, a status whose instruction names another cube than
+  the current target holds every frame (`skipped.awaiting_instruction`) until an instruction
+  arrives, so no frame of the new episode carries the previous task's target; after
+  `reset_instruction_timeout_s` without one the frames go on with the current target (warned,
+  `cube_state.instruction_timeouts`).
 """
 
 from __future__ import annotations
@@ -93,7 +99,7 @@ from oxygen_ros.nodes.runtime import (
     run_node,
 )
 from oxygen_ros.nodes.sliding_window import SlidingWindow
-from oxygen_ros.perception.task_window import TaskWindow
+from oxygen_ros.perception.task_window import InstructionWait, TaskWindow
 
 THROTTLE_S = 5.0  # at most one warning per call site per this many seconds
 RATE_WINDOW_S = 2.0
@@ -143,6 +149,8 @@ class PerceptionNode(Node):
             self._cube_state = workcell_cubes.object_state(p["cube_state"])
         self._window = TaskWindow()  # when the cube state's task began (sim time)
         self._episode_id = 0  # the newest episode the status reported (0: none)
+        # Frames held from a reset until its episode's instruction (cube_state: target).
+        self._instruction_wait = InstructionWait(p["reset_instruction_timeout_s"])
         self._out_size = get_model_config(p["model_preset"]).image_resolution  # (rows, cols)
         self._converted: dict[str, tuple[float, np.ndarray]] = {}  # camera -> (stamp, image)
         self.counters: collections.Counter[str] = collections.Counter()
@@ -329,6 +337,9 @@ class PerceptionNode(Node):
         if on_snapshot and frame.stamp <= self._last_frame_stamp:
             self.counters["trigger.not_newer"] += 1
             return
+        if self._cube_state is not None and self._awaiting_instruction(now):
+            self.counters["skipped.awaiting_instruction"] += 1  # a reset's first moments
+            return
         if self._cube_state is not None and self._cube_image_before_task(frame):
             self.counters["skipped.cube_image_before_task"] += 1  # a task's first moments
             return
@@ -381,6 +392,7 @@ class PerceptionNode(Node):
         frames without a target, warned, throttled)."""
         self._cube_state = self._task_cube_state(msg.data)
         self._window.on_instruction(now_s(self))
+        self._instruction_wait.on_instruction()
         self.counters["cube_state.tasks"] += 1
         message = f"new task for the cube state ({msg.data[:80]!r})"
         if self.params["cube_state"] == "target":
@@ -394,10 +406,34 @@ class PerceptionNode(Node):
             return  # before the first episode, or one already handled (latched again)
         self._episode_id = msg.episode_id
         self.counters["cube_state.resets"] += 1
+        target = self._cube_state.target if self.params["cube_state"] == "target" else None
         if self._window.on_reset(time_to_seconds(msg.header.stamp) - msg.elapsed_s):
-            target = self._cube_state.target if self.params["cube_state"] == "target" else None
             self._cube_state = self._fresh_cube_state(target)  # same target, new layout
             self.counters["cube_state.restarted_at_reset"] += 1
+        if self.params["cube_state"] == "target":
+            self._instruction_wait.on_reset(self._named_cube(msg.instruction), target, now_s(self))
+
+    def _awaiting_instruction(self, now: float) -> bool:
+        """Whether frames wait for a new episode's instruction (warns once at a timeout)."""
+        holds, timed_out = self._instruction_wait.holds(now)
+        if timed_out:
+            self.counters["cube_state.instruction_timeouts"] += 1
+            self.get_logger().warning(
+                f"no instruction within {self._instruction_wait.timeout_s:g} s of episode "
+                f"{self._episode_id}'s reset; the frames go on with target "
+                f"{self._cube_state.target}"
+            )
+        return holds
+
+    @staticmethod
+    def _named_cube(text: str) -> str | None:
+        """The workcell cube an instruction names (None: none)."""
+        from oxygen_ros.sim import tasks
+
+        try:
+            return tasks.object_name(tasks.parse_instruction(text).colour)
+        except ValueError:
+            return None
 
     def _task_cube_state(self, text: str):
         """A fresh cube state for the task `text`; the target state's target is the workcell

@@ -72,3 +72,49 @@ class TaskWindow:
     def fed(self, image_stamp: float) -> None:
         """The tracker was fed an image stamped `image_stamp`."""
         self._fed_from = min(self._fed_from, image_stamp)
+
+
+class InstructionWait:
+    """Frames held from a reset until the new episode's instruction arrives.
+
+    The simulator publishes a reset's episode status (to perception directly) and the episode's
+    instruction (which reaches perception through the inference node, as the instruction in
+    use); they arrive in either order. A frame built between a status that came first and the
+    instruction would carry the previous task's target cube (none, before the first episode).
+    So a reset whose episode names another target than the current task's holds frames until
+    an instruction arrives, or `timeout_s` on the node's clock (a robot whose instruction is
+    given some other way: its frames then go on with the current target).
+
+    Invariants:
+    - No hold when the episode names the current target (the instruction came first, or the
+      same cube again) or no target at all.
+    - A hold ends at the next instruction, at the timeout, or when the clock goes back (a new
+      simulator starting at 0), whichever is first; `holds` reports each timeout once.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.since_s: float | None = None  # when the current hold began (None: no hold)
+        self.awaited: str | None = None  # the target the held-for episode names
+
+    def on_reset(self, episode_target: str | None, current_target: str | None, now_s: float):
+        """A new episode whose instruction names `episode_target`."""
+        if episode_target is None or episode_target == current_target:
+            self.since_s, self.awaited = None, None
+        else:
+            self.since_s, self.awaited = now_s, episode_target
+
+    def on_instruction(self) -> None:
+        self.since_s, self.awaited = None, None
+
+    def holds(self, now_s: float) -> tuple[bool, bool]:
+        """(hold this frame, the hold just timed out)."""
+        if self.since_s is None:
+            return False, False
+        if now_s < self.since_s:  # the clock went back: a new simulator
+            self.since_s, self.awaited = None, None
+            return False, False
+        if now_s - self.since_s < self.timeout_s:
+            return True, False
+        self.since_s, self.awaited = None, None
+        return False, True

@@ -348,3 +348,83 @@ def test_the_target_state_follows_the_instructed_cube(launcher, ros_node, tmp_pa
         ros_node.node.destroy_publisher(instruction)
         sensors.close()
         cell.close()
+
+
+def test_a_reset_holds_frames_until_its_instruction_arrives(launcher, ros_node, tmp_path) -> None:
+    """The simulator's episode status reaches perception before the episode's instruction
+    (which comes through the inference node): no frame between them carries the previous
+    task's target. Frames wait (counted) until the instruction; a reset whose instruction never
+    comes releases them after `reset_instruction_timeout_s` with the current target (warned):
+    the positive control of the check that no frame after a reset has the old target."""
+    from std_msgs.msg import String
+
+    from oxygen_ros.msg import EpisodeStatus
+    from oxygen_ros.nodes.conversions import time_to_seconds
+    from oxygen_ros.nodes.runtime import LATCHED_QOS
+
+    timeout_s = 2.0
+    override = tmp_path / "override.yaml"
+    override.write_text(
+        OVERRIDES
+        + "    cube_state: target\n    task_instruction_topic: c_instruction\n"
+        + f"    episode_status_topic: c_status\n    reset_instruction_timeout_s: {timeout_s}\n"
+    )
+    node = ros_node.node
+    cell = Workcell(WorkcellConfig())
+    sensors = WorkcellSensors(ros_node)
+    instruction = node.create_publisher(String, "c_instruction", LATCHED_QOS)
+    status = node.create_publisher(EpisodeStatus, "c_status", LATCHED_QOS)
+
+    def reset(episode_id: int, text: str) -> float:
+        """Publishes episode `episode_id`'s first status (its reset now); returns the reset."""
+        msg = EpisodeStatus(episode_id=episode_id, phase=EpisodeStatus.PHASE_RUNNING)
+        msg.header.stamp = node.get_clock().now().to_msg()
+        msg.instruction, msg.elapsed_s = text, 0.0
+        status.publish(msg)
+        return time_to_seconds(msg.header.stamp)
+
+    try:
+        spec = tasks.sample_episode(4)
+        sensors.show(cell, spec.objects)
+        frames, diags, proc = first_frames(launcher, ros_node, override)
+        xy = {name: np.array(spec.objects[name][:2]) for name in workcell_cubes.CUBE_NAMES}
+
+        def after(t: float) -> list[ObservationFrame]:
+            return [f for f in list(frames) if time_to_seconds(f.header.stamp) > t]
+
+        def at(frame: ObservationFrame, name: str) -> bool:
+            return np.allclose(cubes_of(frame)[:2], xy[name], atol=TOLERANCE_M)
+
+        instruction.publish(String(data="pick up the red cube"))
+        wait_for(lambda: at(frames[-1], "red_cube"), 10, "the red cube as target")
+        # The reset first (its episode names the blue cube), then the instruction.
+        held = counter(diags, "skipped.awaiting_instruction")
+        first_reset = reset(1, "pick up the blue cube")
+        wait_for(
+            lambda: counter(diags, "skipped.awaiting_instruction") > held,
+            10,
+            "frames held after the reset",
+        )
+        instruction.publish(String(data="pick up the blue cube"))
+        wait_for(lambda: after(first_reset) and at(frames[-1], "blue_cube"), 10, "blue target")
+        wrong = [f for f in after(first_reset) if not at(f, "blue_cube")]
+        assert not wrong, [cubes_of(f)[:2] for f in wrong]
+        # A reset naming the green cube whose instruction never comes: frames wait for
+        # timeout_s, then go on with the blue target, warned.
+        second_reset = reset(2, "pick up the green cube")
+        wait_for(
+            lambda: counter(diags, "cube_state.instruction_timeouts") == 1,
+            timeout_s + 10,
+            "the timeout counted",
+        )
+        wait_for(lambda: after(second_reset + timeout_s / 2), 10, "frames after the timeout")
+        late = after(second_reset)
+        assert all(at(f, "blue_cube") for f in late), [cubes_of(f)[:2] for f in late]
+        assert time_to_seconds(late[0].header.stamp) > second_reset + timeout_s / 2
+        assert "no instruction within 2 s of episode 2's reset" in proc.log(), proc.log()
+        assert proc.alive(), proc.log()
+    finally:
+        ros_node.node.destroy_publisher(instruction)
+        ros_node.node.destroy_publisher(status)
+        sensors.close()
+        cell.close()

@@ -3,7 +3,7 @@ simulator resets, whatever order they reach the node in and however far its cloc
 
 from __future__ import annotations
 
-from oxygen_ros.perception.task_window import MAX_LAG_S, TaskWindow
+from oxygen_ros.perception.task_window import MAX_LAG_S, InstructionWait, TaskWindow
 
 DT = 0.01  # the simulator's control tick
 RESET = 12.34  # the reset's sim time = the stamp of the last tick (and images) before it
@@ -82,3 +82,34 @@ def test_a_clock_that_went_back_does_not_block_every_image() -> None:
     window.on_instruction(RESET)
     window.on_instruction(RESET - MAX_LAG_S - 1.0)  # an instruction on the new clock
     assert not window.before_task(RESET - MAX_LAG_S)
+
+
+def test_a_reset_naming_another_cube_holds_frames_until_the_instruction() -> None:
+    wait = InstructionWait(timeout_s=1.0)
+    assert wait.holds(RESET) == (False, False)  # before any reset
+    wait.on_reset("blue_cube", "red_cube", RESET)  # the status came first
+    assert wait.holds(RESET + DT) == (True, False)
+    assert wait.awaited == "blue_cube"
+    wait.on_instruction()
+    assert wait.holds(RESET + 2 * DT) == (False, False)
+    # The first episode: no target yet, so its reset holds too.
+    wait.on_reset("red_cube", None, RESET)
+    assert wait.holds(RESET + DT) == (True, False)
+
+
+def test_no_hold_when_the_instruction_came_first_or_names_the_same_cube() -> None:
+    wait = InstructionWait(timeout_s=1.0)
+    wait.on_reset("red_cube", "red_cube", RESET)
+    assert wait.holds(RESET + DT) == (False, False)
+    wait.on_reset(None, "red_cube", RESET)  # an episode whose instruction names no cube
+    assert wait.holds(RESET + DT) == (False, False)
+
+
+def test_a_hold_ends_at_the_timeout_once_or_when_the_clock_goes_back() -> None:
+    wait = InstructionWait(timeout_s=1.0)
+    wait.on_reset("blue_cube", "red_cube", RESET)
+    assert wait.holds(RESET + 0.99) == (True, False)
+    assert wait.holds(RESET + 1.0) == (False, True)  # reported once
+    assert wait.holds(RESET + 1.1) == (False, False)
+    wait.on_reset("blue_cube", "red_cube", RESET)
+    assert wait.holds(0.5) == (False, False)  # a new simulator started at 0
