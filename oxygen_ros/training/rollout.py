@@ -14,7 +14,7 @@ spoken subtask against the stage at each observation, and the frames run.
 
 `python -m oxygen_ros.training.rollout --checkpoint DIR --seeds 0:10 [--execute-s 0.5]
 [--noise fresh|episode] [--noise-scale 1.0] [--object-state [positions|poses|reach|target]]
-[--blind] [--out results.json]
+[--blind] [--rtc-guidance BETA] [--out results.json]
 Nothing here imports rclpy.
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oxygen_ros.engine.config import SchedulerConfig
+from oxygen_ros.engine.config import RtcConfig, SchedulerConfig
 from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.types import LanguageRequest, Observation, RequestKind
 from oxygen_ros.perception import workcell_cubes
@@ -63,6 +63,10 @@ class RolloutConfig:
     # Every camera masked out of each frame (as `train --image-dropout` masks a sample's): the
     # policy sees the instruction and the state only.
     blind: bool = False
+    # Real-time chunking (engine/rtc.py) with this cap on the guidance weight (the paper's
+    # beta; 0: off): each chunk is denoised to continue the previous one where they overlap.
+    # The sim waits for the engine, so the measured delay is 0 and no row is frozen.
+    rtc_guidance: float = 0.0
 
     def __post_init__(self) -> None:
         if self.noise not in NOISE_MODES:
@@ -72,6 +76,8 @@ class RolloutConfig:
                 f"object_state must be one of {workcell_cubes.OBJECT_STATES}, "
                 f"got {self.object_state!r}"
             )
+        if self.rtc_guidance < 0:
+            raise ValueError(f"rtc_guidance must be >= 0, got {self.rtc_guidance}")
         if not 0.0 <= self.noise_scale <= 1.0:
             raise ValueError(f"noise_scale must be in [0, 1], got {self.noise_scale}")
         if not self.execute_s > 0 or not self.action_dt_s > 0 or not self.control_hz > 0:
@@ -132,14 +138,17 @@ class EnginePolicy:
         self.config = config
         self._seed = 0
         self._frame = 0
+        self.stamp = 0.0  # the engine's clock: the sim waits for it, so no latency
 
     def reset(self, workcell: Workcell, spec: tasks.EpisodeSpec) -> None:
         self._seed, self._frame = spec.seed, 0
+        self.engine.new_task()  # real-time chunking does not continue the last episode
 
     def act(self, workcell: Workcell, observation: Observation) -> tuple[np.ndarray, str | None]:
         """The chunk's joint rows [A, 14] and the spoken subtask (None when not asked)."""
         index = self._seed * 100_000 + (0 if self.config.noise == "episode" else self._frame)
         self._frame += 1
+        self.stamp = observation.stamp
         requests = [LanguageRequest(RequestKind.SUBTASK)] if self.config.speak else []
         noise = self.config.noise_scale * self.engine.make_noise(index)
         result = self.engine.step(observation, requests, noise=noise)
@@ -256,11 +265,19 @@ def make_policy(
     if checkpoint == "expert":
         return ExpertPolicy(config), config
     preset = data.model_preset(config.preset, config.object_state)
-    engine = Engine(
-        engine_config(checkpoint, preset=preset, scheduler=SchedulerConfig(mode="shared_kv"))
+    rtc = RtcConfig(
+        enabled=config.rtc_guidance > 0,
+        row_dt_s=config.action_dt_s,
+        max_guidance=config.rtc_guidance,
     )
-    config = dataclasses.replace(config, resolution=engine.config.model.image_resolution)
-    return EnginePolicy(engine, config), config
+    served = engine_config(
+        checkpoint, preset=preset, scheduler=SchedulerConfig(mode="shared_kv"), rtc=rtc
+    )
+    policy = EnginePolicy(Engine(served, clock=lambda: policy.stamp), config)
+    policy.config = dataclasses.replace(
+        config, resolution=policy.engine.config.model.image_resolution
+    )
+    return policy, policy.config
 
 
 def rollouts(
@@ -299,6 +316,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     data.add_object_state_argument(parser)
     parser.add_argument("--no-speak", action="store_true")
     parser.add_argument("--blind", action="store_true", help="every camera masked out")
+    parser.add_argument(
+        "--rtc-guidance", type=float, default=0.0, help="real-time chunking's beta (0: off)"
+    )
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     config = RolloutConfig(
@@ -308,6 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         object_state=args.object_state,
         speak=not args.no_speak,
         blind=args.blind,
+        rtc_guidance=args.rtc_guidance,
         preset=args.preset,
     )
     episodes, summary = rollouts(args.checkpoint, parse_seeds(args.seeds), config)
