@@ -44,7 +44,9 @@ Towards the VLA (run 45): `--batch-size 16 --steps 4618` gives the MLP the VLA's
 bins); `--flow-steps N` fits the MLP as a flow-matching velocity field sampled in N Euler steps
 (`--flow-draws K` (noise, time) pairs per sample, `--noise-scale` on the starting noise), as
 the VLA's action expert is trained and sampled; `--heldout first:stop` keeps demonstrations out
-of the fit and reports the action error on them.
+of the fit and reports the action error on them. `--gripper-scale F` (run 46) multiplies the
+grippers' normalised targets by F: their share of the loss, and for the flow their size against
+the noise.
 
 `python -m benchmarks.privileged_policy --blocks z,yaw,goal,pinch3 --demos 1000:2000
 --seeds 0:40 [--perception whole] [--dagger-rounds 3] [--cache F.npz] --out results.json` from
@@ -429,6 +431,7 @@ def fit(
     flow_steps: int = 0,
     flow_draws: int = 1,
     noise_scale: float = 1.0,
+    gripper_scale: float = 1.0,
 ) -> Policy:
     """`fits` MLPs (seeds `seed`..) on the selected columns, their mean as the policy. Inputs
     are normalised by their std plus `min_std` (a floor: a column that barely varies in the
@@ -437,7 +440,9 @@ def fit(
     is first reduced to its pi0.5 prompt bin (`as_prompt_bins`, q01-q99 ranges widened to at
     least `min_norm_range` as `train --min-norm-range` widens them), in training and at run
     time alike. With `flow_steps` one MLP is fit as a flow-matching velocity field instead of
-    a regression (`train_flow`) and acts by sampling in that many Euler steps."""
+    a regression (`train_flow`) and acts by sampling in that many Euler steps.
+    `gripper_scale` multiplies the grippers' normalised targets (their std divided by it): their
+    share of the squared error, and for the flow their size against the unit noise."""
     x = rows["features"][:, cols]
     binning = {}
     if prompt_bins:
@@ -454,7 +459,7 @@ def fit(
         "input_mean": x.mean(0),
         "input_std": x.std(0) + min_std,
         "target_mean": y.mean(0),
-        "target_std": y.std(0) + 1e-3,
+        "target_std": (y.std(0) + 1e-3) / np.where(_gripper_columns(y.shape[1]), gripper_scale, 1),
         **binning,
     }
     xn = ((x - stats["input_mean"]) / stats["input_std"]).astype(np.float32)
@@ -473,6 +478,12 @@ def fit(
             params, _ = state_policy.train(batches, sizes, steps, 1e-3, 512, seed + k)
         members.append([{name: np.asarray(v) for name, v in layer.items()} for layer in params])
     return Policy(members, stats, cols, flow_steps, noise_scale)
+
+
+def _gripper_columns(width: int) -> np.ndarray:
+    """Which columns of a flattened chunk [A * 14] are gripper values."""
+    joint = np.arange(width) % robot.NUM_JOINTS
+    return (joint % robot.JOINTS_PER_ARM) == robot.JOINTS_PER_ARM - 1
 
 
 def action_error(policy: Policy, rows: dict[str, np.ndarray]) -> float:
@@ -513,6 +524,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="> 0: a flow-matching velocity field sampled in this many Euler steps (one fit)",
     )
     parser.add_argument("--flow-draws", type=int, default=1, help="(noise, time) per sample")
+    parser.add_argument(
+        "--gripper-scale", type=float, default=1.0, help="grippers' normalised targets times this"
+    )
     parser.add_argument(
         "--noise-scale", type=float, default=1.0, help="the flow's starting noise times this"
     )
@@ -575,6 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             flow_steps=args.flow_steps,
             flow_draws=args.flow_draws,
             noise_scale=args.noise_scale,
+            gripper_scale=args.gripper_scale,
         )
         evaluation = run_many(
             range(*(int(v) for v in args.seeds.split(":"))),

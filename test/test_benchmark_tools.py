@@ -493,6 +493,30 @@ def test_privileged_flow_head_learns_a_chunk_and_samples_it(privileged) -> None:
     assert np.abs(sampled(untrained) - y).mean() > 0.3 * distance
 
 
+def test_privileged_gripper_scale_weighs_only_the_grippers(privileged) -> None:
+    """--gripper-scale F: the grippers' normalised targets are F times larger (their std
+    divided by F), every other column's unchanged, and the policy still acts in robot units
+    (a regression fit to one constant chunk gives it back either way)."""
+    from oxygen_ros.sim import robot
+
+    rng = np.random.default_rng(0)
+    n, horizon = 64, privileged.HORIZON
+    joints = np.tile(robot.HOME, (n, 1))
+    chunk = np.tile(robot.HOME, (horizon, 1)) + 0.1
+    chunks = np.repeat(chunk[None], n, axis=0) + 0.01 * rng.standard_normal((n, horizon, 14))
+    rows = {"features": rng.standard_normal((n, 3)), "joints": joints, "chunks": chunks}
+    cols = np.arange(3)
+    plain = privileged.fit(rows, cols, 300, 0, 1, batch_size=32)
+    scaled = privileged.fit(rows, cols, 300, 0, 1, batch_size=32, gripper_scale=3.0)
+    ratio = plain.stats["target_std"] / scaled.stats["target_std"]
+    grippers = np.arange(horizon * 14) % 7 == 6
+    np.testing.assert_allclose(ratio[grippers], 3.0)
+    np.testing.assert_allclose(ratio[~grippers], 1.0)
+    for policy in (plain, scaled):
+        acted = policy(rows["features"][0], joints[0])
+        assert np.abs(acted - chunk).mean() < 0.02
+
+
 def test_privileged_perceived_blocks_come_from_the_top_camera(privileged) -> None:
     """--perceived: the cube's (x, y) and yaw from the top camera are within the detector's
     error of the truth, its height is the table plane's, and the start is the first

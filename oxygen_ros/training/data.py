@@ -366,6 +366,37 @@ def widen_norm_stats(
     return out, widened
 
 
+GRIPPER_ACTION_DIMS = tuple(
+    arm * robot.JOINTS_PER_ARM + robot.JOINTS_PER_ARM - 1 for arm in range(len(robot.ARMS))
+)  # each arm's gripper among the 14 action dimensions
+
+
+def set_action_range(
+    stats: dict[str, normalize.NormStats], key: str, dims: Sequence[int], width: float
+) -> dict[str, normalize.NormStats]:
+    """`stats` with `key`'s dimensions `dims` given 1-99 % quantiles `width` apart about their
+    centre (and the standard deviation scaled alike). Narrower than the data's: those values
+    normalise to larger numbers, so they weigh more in the flow-matching loss (a squared error
+    over the normalised chunk) and stand further out of its unit noise. Idempotent: the width
+    is set, not scaled, so fine-tuning a checkpoint trained this way keeps its stats."""
+    s = stats[key]
+    dims = list(dims)
+    q01 = np.asarray(s.q01, np.float64).copy()
+    q99 = np.asarray(s.q99, np.float64).copy()
+    std = np.asarray(s.std, np.float64).copy()
+    centre = (q01[dims] + q99[dims]) / 2
+    std[dims] *= width / np.maximum(q99[dims] - q01[dims], 1e-12)
+    q01[dims], q99[dims] = centre - width / 2, centre + width / 2
+    dtype = np.asarray(s.q01).dtype
+    ranged = normalize.NormStats(
+        mean=np.asarray(s.mean),
+        std=std.astype(dtype),
+        q01=q01.astype(dtype),
+        q99=q99.astype(dtype),
+    )
+    return {**stats, key: ranged}
+
+
 def state_names(object_state: str) -> tuple[str, ...]:
     """The state's dimension names: the joints (`robot.JOINT_NAMES`), then the object part's
     (`workcell_cubes.OBJECT_STATES`; none without one)."""

@@ -119,6 +119,9 @@ class TrainConfig:
     init_from: str = ""  # checkpoint to start from ("" = random init from `seed`)
     fresh_norm_stats: bool = False  # with init_from: new norm stats, not the checkpoint's
     min_norm_range: float = 0.0  # > 0: widen narrower state/action dims (widen_norm_stats)
+    # > 0: the grippers' action quantiles this far apart (data.set_action_range; the data's are
+    # about 1 apart, so 1/3 weighs their normalised error 9 times in the loss).
+    gripper_action_range: float = 0.0
     early_steps: int = 0  # the first early_steps steps of each episode are drawn ...
     early_weight: float = 1.0  # ... this many times as often (the arm is still at home there)
     # "1:4,2:4": samples of phase index 1 and 2 (tasks.subtask_labels order: grasp, lift) are
@@ -145,6 +148,8 @@ class TrainConfig:
             raise ValueError("need heldout >= 1 episode and eval_samples >= 1")
         if self.min_norm_range < 0:
             raise ValueError("need min_norm_range >= 0")
+        if self.gripper_action_range < 0:
+            raise ValueError("need gripper_action_range >= 0")
         if self.early_steps < 0 or self.early_weight <= 0:
             raise ValueError("need early_steps >= 0 and early_weight > 0")
         parse_stage_weights(self.stage_weights)  # raises on a malformed --stage-weights
@@ -432,6 +437,8 @@ def training_norm_stats(
     place the state bins).
     With `min_norm_range`, then widened (`data.widen_norm_stats`).
     With `blind_state`, those state dimensions then normalise to one bin (`data.blind_norm_stats`).
+    With `gripper_action_range`, the grippers' action quantiles are set that far apart
+    (`data.set_action_range`).
 
     Raises:
         ValueError: the starting checkpoint's stats do not fit these episodes' state or action
@@ -446,6 +453,11 @@ def training_norm_stats(
         dims = [names.index(n) for n in config.blinded_names]
         stats = _data.blind_norm_stats(stats, norm.state_key, dims)
         logger.info("norm stats: state %s blinded", list(config.blinded_names))
+    if config.gripper_action_range > 0:
+        stats = _data.set_action_range(
+            stats, norm.actions_key, _data.GRIPPER_ACTION_DIMS, config.gripper_action_range
+        )
+        logger.info("norm stats: gripper actions %g apart", config.gripper_action_range)
     return stats
 
 

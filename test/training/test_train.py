@@ -210,6 +210,32 @@ def test_fine_tuning_keeps_the_starting_checkpoints_norm_stats(trained, demos_di
     others = np.arange(len(span)) != dim
     np.testing.assert_array_equal(span[others], spans[norm.state_key][others])
     np.testing.assert_array_equal(blinded[norm.actions_key].q99, saved[norm.actions_key].q99)
+    # --gripper-action-range: both grippers' action quantiles that far apart about their
+    # centre, idempotent (a checkpoint trained so and fine-tuned again keeps them), nothing
+    # else moved; a gripper value then normalises to a larger number.
+    ranged = train.training_norm_stats(
+        dataclasses.replace(config, gripper_action_range=0.25), one, norm, ()
+    )
+    actions, before = ranged[norm.actions_key], saved[norm.actions_key]
+    grippers = list(data.GRIPPER_ACTION_DIMS)
+    assert [robot.JOINT_NAMES[d] for d in grippers] == ["left_gripper", "right_gripper"]
+    np.testing.assert_allclose((actions.q99 - actions.q01)[grippers], 0.25, rtol=1e-5)
+    np.testing.assert_allclose(
+        (actions.q99 + actions.q01)[grippers], (before.q99 + before.q01)[grippers], rtol=1e-5
+    )
+    others = np.ones(len(actions.q99), bool)
+    others[grippers] = False
+    np.testing.assert_array_equal(actions.q99[others], before.q99[others])
+    np.testing.assert_array_equal(ranged[norm.state_key].q99, saved[norm.state_key].q99)
+    again = data.set_action_range(ranged, norm.actions_key, grippers, 0.25)
+    np.testing.assert_allclose(again[norm.actions_key].q01, actions.q01, rtol=1e-6)
+    normalised = {
+        name: (0.0 - s.q01[grippers]) / (s.q99[grippers] - s.q01[grippers]) * 2 - 1
+        for name, s in (("before", before), ("ranged", actions))
+    }
+    assert (np.abs(normalised["ranged"]) > 2 * np.abs(normalised["before"])).all()
+    with pytest.raises(ValueError, match="gripper_action_range"):
+        dataclasses.replace(config, gripper_action_range=-1.0)
     with pytest.raises(ValueError, match="blind_state names"):
         dataclasses.replace(config, blind_state="right_gripper,right_grip")
     with pytest.raises(ValueError, match="delta-action mask"):
