@@ -633,3 +633,61 @@ def test_learner_vs_expert_counts_closing_by_distance_on_free_frames() -> None:
     assert summary["arm_deviation_rad_median"] == {"grasp": 0.4, "lift": 0.1, "reach": 0.1}
     # Executed rows decide: with two rows executed, row 2's closing is not executed.
     assert lve.summarise(frames, executed=2)["approach_close"] == 0.0
+
+
+def test_prefix_head_reads_the_prompts_cache_right_aligned() -> None:
+    """benchmarks/prefix_head.py on the shipped checkpoint: an observation's features are its
+    prompt's keys and values as the engine's jitted prefill makes them (a batch of two gives
+    each row what it gives alone), right-aligned: zero padding in front, as many places as the
+    prompt is shorter, the prompt's tokens after it. The state features are the instruction's
+    words, then the prompt's bins."""
+    import openpi.models.gemma as gemma
+
+    from oxygen_ros.engine import prompts
+    from oxygen_ros.engine.config import SchedulerConfig
+    from oxygen_ros.engine.engine import Engine
+    from oxygen_ros.engine.types import Observation
+    from oxygen_ros.resources import resolve_path
+    from oxygen_ros.training.train import engine_config
+
+    head = load_benchmark("prefix_head")
+    checkpoint = str(resolve_path("package://oxygen_ros/models/workcell_run38"))
+    config = engine_config(
+        checkpoint, preset="workcell_target_bins", scheduler=SchedulerConfig(mode="shared_kv")
+    )
+    engine = Engine(config)
+    model = config.model
+    state = np.asarray(engine.normalizer.state_stats.mean, np.float32)
+    texts = ("pick up the red cube with the right arm", "pick up the red cube")
+    inputs = []
+    for text in texts:
+        image = np.zeros((*model.image_resolution, 3), np.uint8)
+        observation = Observation(
+            images=dict.fromkeys(model.image_keys, image),
+            image_masks=dict.fromkeys(model.image_keys, False),
+            state=state,
+            prompt=text,
+            stamp=0.0,
+        )
+        prepared = engine.prepare_inputs(observation)
+        inputs.append((np.asarray(prepared.tokens), np.asarray(prepared.token_mask)))
+    tokens = np.concatenate([t for t, _ in inputs])
+    masks = np.concatenate([m for _, m in inputs])
+    both = head.cache_features(engine, tokens, masks)
+    alone = np.stack([head.cache_features(engine, t, m)[0] for t, m in inputs])
+    np.testing.assert_allclose(both, alone, atol=1e-5)
+    length = model.max_token_len
+    layers = gemma.get_config(model.paligemma_variant).depth
+    lengths = masks.sum(axis=1)
+    assert lengths[0] > lengths[1]  # the longer instruction
+    for row, n in zip(both, lengths, strict=True):
+        places = np.abs(row.reshape(layers, length, -1)).sum(axis=(0, 2))
+        assert not places[: length - n].any()
+        assert (places[length - n :] > 0).all()
+    words = head.state_policy.instruction_features(texts[1])
+    features = head.state_features(engine, state[None], [texts[1]], "bins")[0]
+    np.testing.assert_array_equal(features[: len(words)], words)
+    bins = prompts.discretize_state(engine.normalizer.normalize_state(state))
+    np.testing.assert_allclose(
+        features[len(words) :], -1.0 + (bins + 0.5) * 2.0 / prompts.NUM_STATE_BINS, atol=1e-6
+    )
