@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ is no pa
 import privileged_policy
 import state_policy
 
-from oxygen_ros.engine import model_fns, prompts
+from oxygen_ros.engine import model_fns
 from oxygen_ros.engine.checkpoint import Normalizer
 from oxygen_ros.engine.config import PromptConfig, SchedulerConfig
 from oxygen_ros.engine.engine import Engine
@@ -84,8 +84,7 @@ def state_features(
     bins as the bin's centre, -1 below the range)."""
     normalised = engine.normalizer.normalize_state(np.asarray(states, np.float32))
     if kind == "bins":
-        bins = prompts.discretize_state(normalised)
-        normalised = -1.0 + (bins + 0.5) * 2.0 / prompts.NUM_STATE_BINS
+        normalised = privileged_policy.prompt_bin_centres(normalised)
     words = {text: state_policy.instruction_features(text) for text in set(instructions)}
     return np.concatenate(
         [np.stack([words[text] for text in instructions]), normalised], axis=1

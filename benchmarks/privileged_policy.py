@@ -413,7 +413,12 @@ def as_prompt_bins(x: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarr
     """`x` [..., F] as much as the pi0.5 prompt tells of it: quantile-normalised to [-1, 1]
     over (low, high) (openpi's q01, q99), cut into `prompts.discretize_state`'s 256 bins (-1
     below the range, 255 above it), each bin given back as its centre in normalised units."""
-    normalised = (x - low) / (high - low) * 2.0 - 1.0
+    return prompt_bin_centres((x - low) / (high - low) * 2.0 - 1.0)
+
+
+def prompt_bin_centres(normalised: np.ndarray) -> np.ndarray:
+    """Normalised values cut into `prompts.discretize_state`'s bins (-1 below the range, 255
+    above it), each given back as its bin's centre in normalised units (float32)."""
     bins = discretize_state(normalised)
     return (-1.0 + (bins + 0.5) * 2.0 / NUM_STATE_BINS).astype(np.float32)
 
@@ -482,8 +487,7 @@ def fit(
 
 def _gripper_columns(width: int) -> np.ndarray:
     """Which columns of a flattened chunk [A * 14] are gripper values."""
-    joint = np.arange(width) % robot.NUM_JOINTS
-    return (joint % robot.JOINTS_PER_ARM) == robot.JOINTS_PER_ARM - 1
+    return np.isin(np.arange(width) % robot.NUM_JOINTS, data.GRIPPER_ACTION_DIMS)
 
 
 def action_error(policy: Policy, rows: dict[str, np.ndarray]) -> float:

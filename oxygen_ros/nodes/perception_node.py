@@ -411,7 +411,8 @@ class PerceptionNode(Node):
             self._cube_state = self._fresh_cube_state(target)  # same target, new layout
             self.counters["cube_state.restarted_at_reset"] += 1
         if self.params["cube_state"] == "target":
-            self._instruction_wait.on_reset(self._named_cube(msg.instruction), target, now_s(self))
+            named, _ = self._named_cube(msg.instruction)
+            self._instruction_wait.on_reset(named, target, now_s(self))
 
     def _awaiting_instruction(self, now: float) -> bool:
         """Whether frames wait for a new episode's instruction (warns once at a timeout)."""
@@ -426,29 +427,24 @@ class PerceptionNode(Node):
         return holds
 
     @staticmethod
-    def _named_cube(text: str) -> str | None:
-        """The workcell cube an instruction names (None: none)."""
+    def _named_cube(text: str) -> tuple[str | None, str]:
+        """(the workcell cube an instruction names, "") or (None, why it names none)."""
         from oxygen_ros.sim import tasks
 
         try:
-            return tasks.object_name(tasks.parse_instruction(text).colour)
-        except ValueError:
-            return None
+            return tasks.object_name(tasks.parse_instruction(text).colour), ""
+        except ValueError as exc:
+            return None, str(exc)
 
     def _task_cube_state(self, text: str):
         """A fresh cube state for the task `text`; the target state's target is the workcell
         cube `text` names (none, warned, when it names no colour or one without a cube)."""
-        from oxygen_ros.sim import tasks
-
         if self.params["cube_state"] != "target":
             return self._fresh_cube_state(None)
-        try:
-            return self._fresh_cube_state(tasks.object_name(tasks.parse_instruction(text).colour))
-        except ValueError as exc:
-            self._throttle.warn(
-                self, "no_target", f"no target cube for the state: {str(exc)[:200]}"
-            )
-            return self._fresh_cube_state(None)
+        named, reason = self._named_cube(text)
+        if named is None:
+            self._throttle.warn(self, "no_target", f"no target cube for the state: {reason[:200]}")
+        return self._fresh_cube_state(named)
 
     def _fresh_cube_state(self, target: str | None):
         """A fresh tracker of the configured kind (`cube_state`); `target` for "target" only."""
