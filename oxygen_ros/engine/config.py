@@ -25,6 +25,9 @@ Presets (`get_model_config(name)`):
   budget, prefix 156 tokens.
 - `workcell_target_wide`: `workcell_target_bins` with both Gemma experts at width 256 (8 heads
   of 32, depth 4; `model.SMALL_GEMMA_VARIANTS`) instead of openpi's `dummy` (width 64).
+- `workcell_target_e256`: `workcell_target_bins` with only the action expert at width 256
+  (mlp 1024; dummy's depth 4 and 8 heads of 16, so it pairs with the `dummy` prefix LLM), the
+  shape `training.expert_stage` trains on a `workcell_target_bins` checkpoint's prefix.
 
 Invariants:
 - Every config is a frozen, hashable dataclass; compiled model functions are cached per
@@ -55,6 +58,7 @@ PRESET_NAMES = (
     "workcell_reach_bins",
     "workcell_target_bins",
     "workcell_target_wide",
+    "workcell_target_e256",
     "pi05",
 )
 PI05_IMAGE_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
@@ -119,6 +123,14 @@ def get_model_config(name: str) -> ModelConfig:
             name="workcell_target_wide",
             paligemma_variant="oxygen_w256",
             action_expert_variant="oxygen_w256",
+        )
+    if name == "workcell_target_e256":
+        # workcell_target_bins with only the action expert four times as wide (model.py's
+        # `oxygen_e256`: width 256, dummy's heads), for training.expert_stage.
+        return dataclasses.replace(
+            get_model_config("workcell_target_bins"),
+            name="workcell_target_e256",
+            action_expert_variant="oxygen_e256",
         )
     if name == "workcell_reach_bins":
         # 14 joints + 39 numbers (the poses and each cube's offset from each hand), one token
@@ -320,8 +332,15 @@ class EngineConfig:
     delta_action_mask: tuple[bool, ...] | None = None
     rtc: RtcConfig = dataclasses.field(default_factory=RtcConfig)  # real-time chunking
     seed: int = 0  # parameter init and action noise
+    # The flow's starting noise is N(0, 1) times this (openpi: 1; 0: every chunk is denoised
+    # from zero, deterministic for a given observation).
+    action_noise_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.action_noise_scale <= 1.0:
+            raise ValueError(
+                f"action_noise_scale must be in [0, 1], got {self.action_noise_scale}"
+            )
         needed = self.prompt.max_tail_len + max(
             self.prompt.task(kind).max_tokens for kind in RequestKind
         )

@@ -282,10 +282,11 @@ class Engine:
         )
 
     def make_noise(self, frame_index: int) -> np.ndarray:
-        """Deterministic action noise [1, A, J] for a frame (seeded by config.seed)."""
+        """Deterministic action noise [1, A, J] for a frame (seeded by config.seed), times
+        config.action_noise_scale."""
         shape = (1, self.config.model.action_horizon, self.config.model.action_dim)
         rng = np.random.default_rng([self.config.seed, frame_index])
-        return rng.standard_normal(shape, dtype=np.float32)
+        return self.config.action_noise_scale * rng.standard_normal(shape, dtype=np.float32)
 
     # ----------------------------------------------------------------------------------------
     # Requests.

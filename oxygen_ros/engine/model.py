@@ -43,6 +43,11 @@ SMALL_GEMMA_VARIANTS = {
     "oxygen_w256": dict(
         width=256, depth=4, mlp_dim=1024, num_heads=8, num_kv_heads=1, head_dim=32
     ),
+    # An action expert four times as wide as `dummy` that still pairs with a `dummy` prefix
+    # LLM: dummy's depth, heads, kv heads and head dim (as gemma_300m pairs with gemma_2b).
+    "oxygen_e256": dict(
+        width=256, depth=4, mlp_dim=1024, num_heads=8, num_kv_heads=1, head_dim=16
+    ),
 }
 
 

@@ -92,6 +92,7 @@ def build_engine_config(values: Mapping[str, Any], num_joints: int) -> EngineCon
             max_guidance=values["rtc_max_guidance"],
         ),
         seed=values["seed"],
+        action_noise_scale=values["action_noise_scale"],
     )
 
 

@@ -539,6 +539,14 @@ INFERENCE: tuple[ParamSpec, ...] = (
         "seed", 0, "parameter init and action noise seed", "int", check=int_range(0, 2**31 - 1)
     ),
     ParamSpec(
+        "action_noise_scale",
+        1.0,
+        "the flow's starting noise is N(0, 1) times this (openpi: 1; 0: every chunk denoised "
+        "from zero, deterministic)",
+        "float",
+        check=float_range(0.0, 1.0),
+    ),
+    ParamSpec(
         "scheduler_mode",
         "continuous",
         "isolated (prefill per task), shared_kv (one prefill, decode in frame) or continuous "

@@ -155,20 +155,36 @@ def forward(
     stream = jnp.concatenate([prefix, model.embed_tokens(batch.lang_tokens)], axis=1)
     (stream_out, _), (k, v) = model.llm([stream, None], mask=mask, positions=positions)
     logits = model.logits(stream_out[:, prefix.shape[1] :], vocab_size).astype(jnp.float32)
-    draws, rows, horizon = x_t.shape[:3]
     # The engine's action expert over this cache, the language block masked out of it (actions
-    # never attend it); draw-major copies of each row: copy d of row i is row d * rows + i.
+    # never attend it).
     cache_mask = jnp.concatenate([prefix_mask, jnp.zeros_like(batch.lang_mask)], axis=1)
+    v_t = draw_velocities(model, model_fns.Prefix(k, v, cache_mask), x_t, time)
+    return Forward(v_t, u_t, logits)
+
+
+def draw_velocities(
+    model: Pi05Model,
+    prefix: model_fns.Prefix,
+    x_t: Float[Array, "k b a j"],
+    time: Float[Array, "k b"],
+) -> Float[Array, "k b a j"]:
+    """The action expert's flow for k noisy chunks per row, each reading that row's prefix
+    cache (`prefix` has b rows; draw-major copies: copy d of row i is row d * b + i)."""
+    draws, rows, horizon = x_t.shape[:3]
     cache = model_fns.Prefix(
-        jnp.tile(k, (1, draws, 1, 1, 1)),
-        jnp.tile(v, (1, draws, 1, 1, 1)),
-        jnp.tile(cache_mask, (draws, 1)),
+        jnp.tile(prefix.k, (1, draws, 1, 1, 1)),
+        jnp.tile(prefix.v, (1, draws, 1, 1, 1)),
+        jnp.tile(prefix.mask, (draws, 1)),
     )
     velocity = model_fns.action_velocity(model, cache, horizon)
-    v_t = velocity(x_t.reshape(draws * rows, *x_t.shape[2:]), time.reshape(draws * rows)).reshape(
-        x_t.shape
-    )
-    return Forward(v_t, u_t, logits)
+    flat = x_t.reshape(draws * rows, *x_t.shape[2:])
+    return velocity(flat, time.reshape(draws * rows)).reshape(x_t.shape)
+
+
+def flow_loss(v_t: Float[Array, "k b a j"], u_t: Float[Array, "k b a j"]) -> Float[Array, "b a"]:
+    """openpi's per-row flow-matching loss (mean square over the action dim), averaged over
+    the draws."""
+    return jnp.mean(jnp.square(v_t - u_t), axis=(0, -1))
 
 
 def compute_losses(
@@ -184,7 +200,7 @@ def compute_losses(
     out = forward(
         model, rng, batch, vocab_size=vocab_size, augment=augment, action_draws=action_draws
     )
-    action = jnp.mean(jnp.square(out.v_t - out.u_t), axis=(0, -1))
+    action = flow_loss(out.v_t, out.u_t)
     nll = optax.softmax_cross_entropy_with_integer_labels(out.logits, batch.lang_labels)
     nll = jnp.where(batch.lang_loss_mask, nll, 0.0)
     correct = (jnp.argmax(out.logits, axis=-1) == batch.lang_labels) & batch.lang_loss_mask

@@ -150,8 +150,7 @@ class EnginePolicy:
         self._frame += 1
         self.stamp = observation.stamp
         requests = [LanguageRequest(RequestKind.SUBTASK)] if self.config.speak else []
-        noise = self.config.noise_scale * self.engine.make_noise(index)
-        result = self.engine.step(observation, requests, noise=noise)
+        result = self.engine.step(observation, requests, noise=self.engine.make_noise(index))
         said = next((o.text for o in result.outputs if o.kind is RequestKind.SUBTASK), None)
         return np.asarray(result.actions.actions, np.float64)[:, : robot.NUM_JOINTS], said
 
@@ -271,7 +270,11 @@ def make_policy(
         max_guidance=config.rtc_guidance,
     )
     served = engine_config(
-        checkpoint, preset=preset, scheduler=SchedulerConfig(mode="shared_kv"), rtc=rtc
+        checkpoint,
+        preset=preset,
+        scheduler=SchedulerConfig(mode="shared_kv"),
+        rtc=rtc,
+        action_noise_scale=config.noise_scale,
     )
     policy = EnginePolicy(Engine(served, clock=lambda: policy.stamp), config)
     policy.config = dataclasses.replace(

@@ -217,6 +217,21 @@ class _Statics:
     action_draws: int
 
 
+def make_optimizer(statics) -> tuple[optax.Schedule, optax.GradientTransformation]:
+    """(schedule, optimiser) of the runs here: warmup then cosine decay from `peak_lr` to
+    `end_lr` over `steps`, AdamW with `weight_decay` after clipping the global norm at
+    `clip_norm` (fields of `statics`)."""
+    warmup = min(statics.warmup_steps, statics.steps - 1)  # cosine needs >= 1 step
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, statics.peak_lr, warmup, statics.steps, statics.end_lr
+    )
+    optimizer = optax.chain(
+        optax.clip_by_global_norm(statics.clip_norm),
+        optax.adamw(schedule, weight_decay=statics.weight_decay),
+    )
+    return schedule, optimizer
+
+
 class _Compiled:
     """Jitted step / eval / act for one `_Statics` (shared by every Trainer with it, so a
     second run in the same process compiles nothing)."""
@@ -228,14 +243,7 @@ class _Compiled:
         leaves, self.treedef = jax.tree.flatten(state)
         self.embedding = _embedding_leaf(abstract)
         self.full_rows = leaves[self.embedding].shape[0]
-        warmup = min(statics.warmup_steps, statics.steps - 1)  # cosine needs >= 1 step
-        self.schedule = optax.warmup_cosine_decay_schedule(
-            0.0, statics.peak_lr, warmup, statics.steps, statics.end_lr
-        )
-        self.optimizer = optax.chain(
-            optax.clip_by_global_norm(statics.clip_norm),
-            optax.adamw(self.schedule, weight_decay=statics.weight_decay),
-        )
+        self.schedule, self.optimizer = make_optimizer(statics)
         self.step = jax.jit(self._step, donate_argnums=(0, 1))
         self.ema = jax.jit(_ema_update, donate_argnums=(0,))
         self.eval = jax.jit(self._eval_losses)

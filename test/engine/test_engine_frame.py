@@ -289,3 +289,25 @@ def test_new_task_stops_real_time_chunking_continuing_the_last_chunk(tiny_model)
     engine.new_task()
     assert engine.chunk_guide.plan(nxt.stamp, nxt.state).max_guidance == 0.0
     assert engine.chunk_guide.delay_s == pytest.approx(0.1)  # the measured delay stays
+
+
+def test_action_noise_scale_scales_the_start_and_zero_makes_chunks_deterministic(
+    tiny_model,
+) -> None:
+    """With action_noise_scale 0 two engines seeded differently denoise the same chunk from
+    zero; with 1 (openpi's) their chunks differ (the control); 0.5 halves the same draw."""
+    observation = make_observation(7)
+    chunks, noises = {}, {}
+    for scale in (1.0, 0.5, 0.0):
+        for seed in (1, 2):
+            engine = Engine(
+                make_engine_config(seed=seed, action_noise_scale=scale), model=tiny_model
+            )
+            noises[scale, seed] = engine.make_noise(4)
+            chunks[scale, seed] = engine.step(observation).actions.actions
+    np.testing.assert_array_equal(noises[0.5, 1], 0.5 * noises[1.0, 1])
+    assert not noises[0.0, 1].any()
+    np.testing.assert_array_equal(chunks[0.0, 1], chunks[0.0, 2])
+    assert np.abs(chunks[1.0, 1] - chunks[1.0, 2]).max() > 1e-4
+    with pytest.raises(ValueError, match="action_noise_scale"):
+        make_engine_config(action_noise_scale=1.5)

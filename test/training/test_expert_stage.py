@@ -1,0 +1,208 @@
+"""Stage two: the action expert trained alone on a checkpoint's frozen prefix cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from flax import nnx
+
+from oxygen_ros.engine import model_fns
+from oxygen_ros.engine.checkpoint import load_params
+from oxygen_ros.engine.config import get_model_config
+from oxygen_ros.engine.engine import Engine
+from oxygen_ros.engine.model import create_model
+from oxygen_ros.engine.tokenizer import TOKENIZER_FILE
+from oxygen_ros.engine.types import Observation
+from oxygen_ros.sim import recorder
+from oxygen_ros.training import data, expert_stage, loss, train
+
+pytestmark = pytest.mark.slow
+
+# Jitted (eager op-by-op dispatch of the whole model is what would make these tests slow).
+_prefill = nnx.jit(model_fns.prefill)
+_denoise = nnx.jit(model_fns.denoise, static_argnums=3)
+_compute_losses = nnx.jit(loss.compute_losses, static_argnames=("vocab_size", "action_draws"))
+
+SHIPPED = pathlib.Path(__file__).parents[2] / "models" / "workcell_run38"
+PRESET = "workcell_target_bins"
+
+
+def _leaves(model) -> dict:
+    return dict(jax.tree_util.tree_flatten_with_path(nnx.state(model))[0])
+
+
+def _with(model, change) -> object:
+    """`model` with every leaf `change(path, leaf)` returns (None: unchanged)."""
+    graphdef, state = nnx.split(model)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(state)
+    leaves = [
+        change(path, leaf) if change(path, leaf) is not None else leaf for path, leaf in flat
+    ]
+    return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+
+
+def _inputs(config, seed: int = 0) -> model_fns.PrefixInputs:
+    rng = np.random.default_rng(seed)
+    shape = (2, *config.image_resolution, 3)
+    images = {k: jnp.asarray(rng.uniform(-1, 1, shape), jnp.float32) for k in config.image_keys}
+    masks = {k: jnp.ones((2,), bool) for k in config.image_keys}
+    tokens = jnp.asarray(rng.integers(1, 300, (2, config.max_token_len)), jnp.int32)
+    token_mask = jnp.arange(config.max_token_len)[None] < jnp.array([[30], [41]])
+    return model_fns.PrefixInputs(images, masks, tokens, token_mask)
+
+
+def test_the_expert_leaves_are_what_the_prefix_never_reads() -> None:
+    """Changing every expert leaf leaves the prefix cache bit for bit and changes the actions;
+    changing the other leaves changes the cache (the control: the same check sees a change)."""
+    config = get_model_config(PRESET)
+    model = create_model(config, seed=0)
+    names = {jax.tree_util.keystr(p) for p in _leaves(model) if expert_stage.is_expert_leaf(p)}
+    assert any("action_in_proj" in n for n in names) and any("mlp_1" in n for n in names)
+    assert not any("img" in n or "embedder" in n for n in names)
+
+    def bump(expert: bool):
+        return lambda path, leaf: (
+            leaf + 0.05 if expert_stage.is_expert_leaf(path) == expert else None
+        )
+
+    inputs = _inputs(config)
+    base = _prefill(model, inputs)
+    noise = jax.random.normal(jax.random.key(1), (2, config.action_horizon, config.action_dim))
+    actions = _denoise(model, base, noise, 3)
+    expert_changed = _with(model, bump(True))
+    same = _prefill(expert_changed, inputs)
+    np.testing.assert_array_equal(np.asarray(same.k), np.asarray(base.k))
+    np.testing.assert_array_equal(np.asarray(same.v), np.asarray(base.v))
+    assert np.abs(np.asarray(_denoise(expert_changed, base, noise, 3)) - actions).max() > 1e-3
+    other = _prefill(_with(model, bump(False)), inputs)
+    assert np.abs(np.asarray(other.k, np.float32) - np.asarray(base.k, np.float32)).max() > 1e-3
+
+
+def test_a_wider_expert_keeps_the_prefix_and_only_its_shape_differs() -> None:
+    trained = create_model(get_model_config(PRESET), seed=0)
+    wide = get_model_config("workcell_target_e256")
+    expert_stage.check_expert_preset(trained.config, wide)
+    with pytest.raises(ValueError, match="more than the action expert"):
+        expert_stage.check_expert_preset(trained.config, get_model_config("workcell_target_wide"))
+    staged = expert_stage.stage_model(trained, wide, reinit=False, seed=3)
+    source, got = _leaves(trained), _leaves(staged)
+    widened = 0
+    for path, leaf in got.items():
+        if expert_stage.is_expert_leaf(path):
+            widened += np.shape(leaf) != np.shape(source[path])
+        else:
+            np.testing.assert_array_equal(np.asarray(leaf), np.asarray(source[path]))
+    assert widened > 0
+    inputs = _inputs(trained.config)
+    np.testing.assert_array_equal(
+        np.asarray(_prefill(staged, inputs).k),
+        np.asarray(_prefill(trained, inputs).k),
+    )
+
+
+def _stage_config(demos_dir, out, **overrides) -> expert_stage.StageConfig:
+    fields = dict(
+        checkpoint=str(SHIPPED),
+        data_dir=str(demos_dir),
+        out_dir=str(out),
+        heldout=1,
+        steps=8,
+        batch_size=8,
+        action_draws=2,
+        warmup_steps=2,
+        peak_lr=3e-3,
+        eval_every=4,
+    )
+    fields.update(overrides)
+    return expert_stage.StageConfig(**fields)
+
+
+@pytest.fixture(scope="module")
+def staged(demos_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("stage")
+    config = _stage_config(demos_dir, out / "ckpt", cache_dir=str(out / "cache"))
+    return config, expert_stage.run(config)
+
+
+def test_the_stage_loss_is_openpis_loss_read_from_the_cached_prefix(demos_dir) -> None:
+    """The same rows, rng and draws: the stage's per-row loss on the cached prefix equals the
+    full training loss's action term (`loss.compute_losses`, which runs the prefix itself)."""
+    engine = Engine(train.engine_config(str(SHIPPED), preset=PRESET))
+    config = _stage_config(demos_dir, "unused")
+    samples, _, _ = expert_stage.load_samples(config, engine, workers=1)
+    cache = expert_stage.PrefixCache(engine, samples, batch_size=8)
+    model = load_params(SHIPPED, engine.config.model)
+    trainer = expert_stage.ExpertTrainer(model, config)
+    index = np.array([0, 3, 7, 12, 15])
+    batch = train.to_batch(samples.take(index), engine.config.model.image_keys)
+    rng = jax.random.key(7)
+    full = _compute_losses(model, rng, batch, vocab_size=engine.tokenizer.vocab_size,
+                               action_draws=2).action  # fmt: skip
+    cached = trainer.losses(rng, cache.take(index), batch.actions)
+    np.testing.assert_allclose(cached, np.asarray(full), rtol=2e-2, atol=1e-3)
+    # The blind cache is the prefix with every camera masked, as train's image dropout.
+    blind = train.drop_images(batch, np.zeros(len(index), bool))
+    full_blind = _compute_losses(model, rng, blind, vocab_size=engine.tokenizer.vocab_size,
+                                     action_draws=2).action  # fmt: skip
+    cached_blind = trainer.losses(rng, cache.take(index, np.ones(len(index), bool)), batch.actions)
+    np.testing.assert_allclose(cached_blind, np.asarray(full_blind), rtol=2e-2, atol=1e-3)
+    assert np.abs(np.asarray(full_blind) - np.asarray(full)).max() > 1e-3  # cameras matter
+
+
+def test_the_stage_changes_only_the_expert_and_keeps_the_assets(staged) -> None:
+    config, final = staged
+    out = pathlib.Path(config.out_dir)
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(9))  # 0: the starting expert
+    assert "val_action_mae_rad" in records[0] and "action_loss" not in records[0]
+    assert {"val_action_mae_rad", "val_action_mae_rad_from_zero"} <= set(final)
+    assert (out / "loss_curve.png").stat().st_size > 0
+    with ocp.PyTreeCheckpointer() as checkpointer:
+        got = checkpointer.restore(out / "params")["params"]
+        was = checkpointer.restore(SHIPPED / "params")["params"]
+    flat_got = dict(jax.tree_util.tree_flatten_with_path(got)[0])
+    changed = {True: 0, False: 0}
+    for path, before in jax.tree_util.tree_flatten_with_path(was)[0]:
+        expert = expert_stage.is_expert_leaf(path)
+        differs = not np.array_equal(np.asarray(flat_got[path]), np.asarray(before))
+        assert expert or not differs, jax.tree_util.keystr(path)
+        changed[expert] += differs
+    assert changed[True] > 0
+    for name in ("norm_stats.json", TOKENIZER_FILE, "action_space.json", "state_layout.json"):
+        mine = out / "assets" / "workcell" / name
+        assert mine.read_bytes() == (SHIPPED / "assets" / "workcell" / name).read_bytes()
+
+
+def test_the_stage_checkpoint_is_served_by_the_engine(staged, demos_dir) -> None:
+    config, _ = staged
+    engine = Engine(train.engine_config(config.out_dir, preset=PRESET))
+    path = recorder.list_episodes(demos_dir)[0]
+    episodes = data.load_episodes([path], engine.config.model, object_state="target")
+    observation = Observation(
+        images={}, image_masks={}, state=episodes.state[3], prompt=episodes.specs[0].instruction,
+        stamp=0.0,
+    )  # fmt: skip
+    chunk = engine.step(observation, noise=engine.make_noise(0)).actions.actions
+    assert chunk.shape == (engine.config.model.action_horizon, 14) and np.isfinite(chunk).all()
+
+
+def test_the_cached_prefix_is_reused_and_the_stage_reproduces(staged, tmp_path) -> None:
+    """A second run of the same config on the kept cache gives the same parameters; a cache
+    of other inputs is refused."""
+    config, _ = staged
+    again = dataclasses.replace(config, out_dir=str(tmp_path / "again"))
+    expert_stage.run(again)
+    with ocp.PyTreeCheckpointer() as checkpointer:
+        first = checkpointer.restore(pathlib.Path(config.out_dir) / "params")["params"]
+        second = checkpointer.restore(tmp_path / "again" / "params")["params"]
+    jax.tree.map(np.testing.assert_array_equal, first, second)
+    other = dataclasses.replace(again, heldout=2)
+    with pytest.raises(ValueError, match="other inputs"):
+        expert_stage.run(other)
