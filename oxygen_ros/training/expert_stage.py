@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import pathlib
@@ -406,6 +407,34 @@ def load_samples(config: StageConfig, engine: Engine, workers: int):
     return samples[0], samples[1], episodes
 
 
+def prefix_digest(model: Pi05Model) -> str:
+    """SHA-1 of every leaf the prefix cache depends on (all but the expert's), in tree order:
+    checkpoints that differ only in the expert share their caches."""
+    digest = hashlib.sha1()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(nnx.state(model))[0]:
+        if not is_expert_leaf(path):
+            digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+    return digest.hexdigest()
+
+
+def prefix_cache(
+    config: StageConfig, engine: Engine, digest: str, part: str, samples: _data.Samples
+) -> PrefixCache:
+    """The samples' prefix cache: kept under `config.cache_dir`/`part` when that is set (and
+    read back from there when it was computed from the same prefix and data)."""
+    key = {"prefix_sha1": digest, "part": part, "data_dir": config.data_dir,
+           "heldout": config.heldout, "samples": len(samples),
+           "object_state": config.object_state}  # fmt: skip
+    path = pathlib.Path(config.cache_dir) / part if config.cache_dir else None
+    dtype = jnp.dtype(engine.config.model.dtype)
+    cache = PrefixCache.load(path, key, dtype) if path is not None else None
+    if cache is None:
+        cache = PrefixCache(engine, samples)
+        if path is not None:
+            cache.save(path, key)
+    return cache
+
+
 def run(config: StageConfig, workers: int = 1) -> dict:
     """The whole stage; returns the final record (also `final_metrics.json`)."""
     from tqdm import tqdm
@@ -418,20 +447,12 @@ def run(config: StageConfig, workers: int = 1) -> dict:
     expert_config = get_model_config(config.served_preset)
     check_expert_preset(served.model, expert_config)
     train_s, held_s, (train_eps, held_eps) = load_samples(config, engine, workers)
-    caches = []
-    for name, samples in (("train", train_s), ("heldout", held_s)):
-        key = {"checkpoint": str(pathlib.Path(config.checkpoint).resolve()), "part": name,
-               "data_dir": config.data_dir, "heldout": config.heldout, "samples": len(samples),
-               "object_state": config.object_state}  # fmt: skip
-        path = pathlib.Path(config.cache_dir) / name if config.cache_dir else None
-        dtype = jnp.dtype(served.model.dtype)
-        cache = PrefixCache.load(path, key, dtype) if path is not None else None
-        if cache is None:
-            cache = PrefixCache(engine, samples)
-            if path is not None:
-                cache.save(path, key)
-        caches.append(cache)
-    train_cache, held_cache = caches
+    trained = load_params(config.checkpoint, served.model)
+    digest = prefix_digest(trained)
+    train_cache, held_cache = (
+        prefix_cache(config, engine, digest, name, samples)
+        for name, samples in (("train", train_s), ("heldout", held_s))
+    )
     logger.info(
         "prefix caches of %d + %d samples (%.0f MB) %.0f s after the start",
         len(train_s),
@@ -439,7 +460,6 @@ def run(config: StageConfig, workers: int = 1) -> dict:
         (train_cache.nbytes + held_cache.nbytes) / 1e6,
         time.monotonic() - started,
     )
-    trained = load_params(config.checkpoint, served.model)
     trainer = ExpertTrainer(
         stage_model(trained, expert_config, config.reinit, config.seed), config
     )

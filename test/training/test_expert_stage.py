@@ -194,8 +194,9 @@ def test_the_stage_checkpoint_is_served_by_the_engine(staged, demos_dir) -> None
 
 
 def test_the_cached_prefix_is_reused_and_the_stage_reproduces(staged, tmp_path) -> None:
-    """A second run of the same config on the kept cache gives the same parameters; a cache
-    of other inputs is refused."""
+    """A second run of the same config on the kept cache gives the same parameters; a run on
+    the stage's output (the same prefix) reads the same cache; a cache of other inputs is
+    refused."""
     config, _ = staged
     again = dataclasses.replace(config, out_dir=str(tmp_path / "again"))
     expert_stage.run(again)
@@ -203,6 +204,9 @@ def test_the_cached_prefix_is_reused_and_the_stage_reproduces(staged, tmp_path) 
         first = checkpointer.restore(pathlib.Path(config.out_dir) / "params")["params"]
         second = checkpointer.restore(tmp_path / "again" / "params")["params"]
     jax.tree.map(np.testing.assert_array_equal, first, second)
+    # The stage's own output has the same prefix: its cache is the same one.
+    chained = dataclasses.replace(config, checkpoint=config.out_dir, out_dir=str(tmp_path / "c"))
+    assert expert_stage.run(chained)["step"] == config.steps
     other = dataclasses.replace(again, heldout=2)
     with pytest.raises(ValueError, match="other inputs"):
         expert_stage.run(other)
