@@ -43,12 +43,11 @@ import privileged_policy
 import state_policy
 
 from oxygen_ros.engine import model_fns
-from oxygen_ros.engine.checkpoint import Normalizer
-from oxygen_ros.engine.config import PromptConfig, SchedulerConfig
+from oxygen_ros.engine.config import SchedulerConfig
 from oxygen_ros.engine.engine import Engine
 from oxygen_ros.sim import robot
-from oxygen_ros.training import data, rollout
-from oxygen_ros.training.train import TrainConfig, engine_config, load_split
+from oxygen_ros.training import data, expert_stage, rollout
+from oxygen_ros.training.train import engine_config
 
 FEATURES = ("cache", "state", "bins")
 
@@ -179,24 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.checkpoint, preset=args.preset, scheduler=SchedulerConfig(mode="shared_kv")
     )
     engine = Engine(served)
-    config = TrainConfig(
-        data_dir=args.data,
-        out_dir="",
-        preset=args.preset,
-        object_state=args.object_state,
-        heldout=args.heldout,
+    # As train does: arm joints relative to the state (the checkpoint's delta mask).
+    train_s, held_s, (train_eps, heldout_eps) = expert_stage.load_samples(
+        engine, args.data, args.preset, args.object_state, args.heldout, args.workers
     )
-    train_eps, heldout_eps = load_split(config, args.workers)
-    mask = engine.delta_action_mask
-
-    def samples_of(eps):
-        # As train does: arm joints relative to the state (the checkpoint's delta mask).
-        eps.actions = Normalizer.relative_actions(eps.actions, eps.state, mask)
-        return data.build_samples(
-            eps, served.model, engine.tokenizer, engine.normalizer, PromptConfig()
-        )
-
-    train_s, held_s = samples_of(train_eps), samples_of(heldout_eps)
     x_train = features_of(engine, train_s, train_eps, args.features)
     x_held = features_of(engine, held_s, heldout_eps, args.features)
     print(f"features {x_train.shape} in {time.monotonic() - started:.0f} s", flush=True)

@@ -385,15 +385,14 @@ def plot_curves(records: list[dict], path: pathlib.Path) -> None:
     plt.close(fig)
 
 
-def load_samples(config: StageConfig, engine: Engine, workers: int):
-    """(train, held-out) samples of `config.data_dir` as the checkpoint trained on them: its
-    delta-action mask, norm stats and tokenizer; and the held-out episodes."""
+def load_samples(
+    engine: Engine, data_dir: str, preset: str, object_state: str, heldout: int, workers: int
+):
+    """(train samples, held-out samples, (train episodes, held-out episodes)) of `data_dir`
+    (train's split: the `heldout` highest seeds held out) as the engine's checkpoint trained
+    on them: its delta-action mask, norm stats and tokenizer."""
     split = _train.TrainConfig(
-        data_dir=config.data_dir,
-        out_dir="",
-        preset=config.preset,
-        object_state=config.object_state,
-        heldout=config.heldout,
+        data_dir=data_dir, out_dir="", preset=preset, object_state=object_state, heldout=heldout
     )
     episodes = _train.load_split(split, workers)
     samples = []
@@ -446,7 +445,9 @@ def run(config: StageConfig, workers: int = 1) -> dict:
     engine = Engine(served)
     expert_config = get_model_config(config.served_preset)
     check_expert_preset(served.model, expert_config)
-    train_s, held_s, (train_eps, held_eps) = load_samples(config, engine, workers)
+    train_s, held_s, (train_eps, held_eps) = load_samples(
+        engine, config.data_dir, config.preset, config.object_state, config.heldout, workers
+    )
     trained = load_params(config.checkpoint, served.model)
     digest = prefix_digest(trained)
     train_cache, held_cache = (

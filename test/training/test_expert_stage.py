@@ -42,9 +42,8 @@ def _with(model, change) -> object:
     """`model` with every leaf `change(path, leaf)` returns (None: unchanged)."""
     graphdef, state = nnx.split(model)
     flat, treedef = jax.tree_util.tree_flatten_with_path(state)
-    leaves = [
-        change(path, leaf) if change(path, leaf) is not None else leaf for path, leaf in flat
-    ]
+    changed = [(change(path, leaf), leaf) for path, leaf in flat]
+    leaves = [leaf if new is None else new for new, leaf in changed]
     return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
 
 
@@ -135,7 +134,9 @@ def test_the_stage_loss_is_openpis_loss_read_from_the_cached_prefix(demos_dir) -
     full training loss's action term (`loss.compute_losses`, which runs the prefix itself)."""
     engine = Engine(train.engine_config(str(SHIPPED), preset=PRESET))
     config = _stage_config(demos_dir, "unused")
-    samples, _, _ = expert_stage.load_samples(config, engine, workers=1)
+    samples, _, _ = expert_stage.load_samples(
+        engine, config.data_dir, config.preset, config.object_state, config.heldout, workers=1
+    )
     cache = expert_stage.PrefixCache(engine, samples, batch_size=8)
     model = load_params(SHIPPED, engine.config.model)
     trainer = expert_stage.ExpertTrainer(model, config)
