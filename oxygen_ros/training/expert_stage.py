@@ -101,7 +101,7 @@ class StageConfig:
 
 def is_expert_leaf(path: Sequence) -> bool:
     """Whether a model state leaf (its key path) belongs to the action expert."""
-    names = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+    names = _train.leaf_names(path)
     if names[:1] and names[0] in EXPERT_MODULES:
         return True
     return names[:2] == LLM_PATH and any(n.endswith("_1") for n in names[2:])
@@ -148,12 +148,7 @@ class _Statics:
     """What the jitted functions close over (everything but parameters and data)."""
 
     model_config: ModelConfig
-    steps: int
-    warmup_steps: int
-    peak_lr: float
-    end_lr: float
-    weight_decay: float
-    clip_norm: float
+    optimizer: _train.OptimizerSettings
     action_draws: int
 
 
@@ -168,7 +163,7 @@ class _StageFns:
         self.expert = tuple(i for i, (path, _) in enumerate(flat) if is_expert_leaf(path))
         if not self.expert:
             raise ValueError("the model has no action expert leaves")
-        self.schedule, self.optimizer = _train.make_optimizer(statics)
+        self.schedule, self.optimizer = _train.make_optimizer(statics.optimizer)
         self.step = jax.jit(self._step, donate_argnums=(0, 1))
         self.losses = jax.jit(self._losses)
         self.act = jax.jit(self._act)
@@ -217,11 +212,8 @@ class ExpertTrainer:
 
     def __init__(self, model: Pi05Model, config: StageConfig) -> None:
         self._fns = _stage_fns(
-            _Statics(
-                model.config, config.steps, config.warmup_steps, config.peak_lr, config.end_lr,
-                config.weight_decay, config.clip_norm, config.action_draws,
-            )
-        )  # fmt: skip
+            _Statics(model.config, _train.OptimizerSettings.of(config), config.action_draws)
+        )
         leaves, treedef = jax.tree.flatten(nnx.state(model))
         if treedef != self._fns.treedef:
             raise ValueError(f"model state does not match the {model.config.name!r} tree")
@@ -364,11 +356,10 @@ def plot_curves(records: list[dict], path: pathlib.Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     trained = [r for r in records if "action_loss" in r]
-    steps = np.array([r["step"] for r in trained])
-    values = np.array([r["action_loss"] for r in trained])
-    window = min(100, len(values))
-    smooth = np.convolve(values, np.ones(window) / window, mode="valid")
-    axes[0].plot(steps[len(steps) - len(smooth) :], smooth, label="train action_loss")
+    steps, smooth = _train.smoothed(
+        [r["step"] for r in trained], [r["action_loss"] for r in trained], 100
+    )
+    axes[0].plot(steps, smooth, label="train action_loss")
     val = [r for r in records if "val_action_loss" in r]
     axes[0].plot([r["step"] for r in val], [r["val_action_loss"] for r in val], "o-",
                  label="held-out action_loss")  # fmt: skip
@@ -477,6 +468,7 @@ def run(config: StageConfig, workers: int = 1) -> dict:
         "jax": jax.__version__,
     }
     (out_dir / "run.json").write_text(json.dumps(run_info, indent=1))
+    assets = starting_assets(config)
     # Step 0: the starting expert on the same held-out evaluation, the curve's baseline.
     records = [{"step": 0, **evaluate(trainer, held_cache, held_s, engine.normalizer, robot_dim)}]
     logger.info("step 0: %s", json.dumps(records[0]))
@@ -494,7 +486,7 @@ def run(config: StageConfig, workers: int = 1) -> dict:
         record["time_s"] = time.monotonic() - train_started
         if step % config.eval_every == 0 or step == config.steps:
             record.update(evaluate(trainer, held_cache, held_s, engine.normalizer, robot_dim))
-            save(config, trainer, out_dir)
+            save(trainer, out_dir, assets)
             plot_curves([*records, record], out_dir / "loss_curve.png")
             logger.info("step %d: %s", step, json.dumps(record))
         records.append(record)
@@ -507,18 +499,21 @@ def run(config: StageConfig, workers: int = 1) -> dict:
     return final
 
 
-def save(config: StageConfig, trainer: ExpertTrainer, out_dir: pathlib.Path) -> None:
-    """openpi layout: the params, and the starting checkpoint's assets unchanged."""
+def starting_assets(config: StageConfig) -> dict:
+    """The starting checkpoint's assets, as `save` writes them beside each trained expert."""
     assets = pathlib.Path(config.checkpoint) / "assets" / config.assets_id
-    _train.save_checkpoint(
-        out_dir,
-        trainer.full_params(),
-        load_norm_stats(config.checkpoint, config.assets_id),
-        config.assets_id,
-        str(assets / TOKENIZER_FILE),
-        load_delta_action_mask(config.checkpoint, config.assets_id),
-        load_state_layout(config.checkpoint, config.assets_id),
-    )
+    return {
+        "norm_stats": load_norm_stats(config.checkpoint, config.assets_id),
+        "assets_id": config.assets_id,
+        "tokenizer_path": str(assets / TOKENIZER_FILE),
+        "delta_action_mask": load_delta_action_mask(config.checkpoint, config.assets_id),
+        "state_layout": load_state_layout(config.checkpoint, config.assets_id),
+    }
+
+
+def save(trainer: ExpertTrainer, out_dir: pathlib.Path, assets: dict) -> None:
+    """openpi layout: the params, and the starting checkpoint's assets unchanged."""
+    _train.save_checkpoint(out_dir, trainer.full_params(), **assets)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

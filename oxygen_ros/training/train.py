@@ -190,14 +190,51 @@ class TrainConfig:
         return tuple(n.strip() for n in self.blind_state.split(",") if n.strip())
 
 
+def leaf_names(path: Sequence) -> tuple[str, ...]:
+    """A model state leaf's key path (from `tree_flatten_with_path`) as module/field names."""
+    return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
 def _embedding_leaf(model: Pi05Model) -> int:
     """Index of the tied embedding table among the flattened state leaves."""
     flat = jax.tree_util.tree_flatten_with_path(nnx.state(model))[0]
     for i, (path, _) in enumerate(flat):
-        names = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
-        if names[: len(EMBEDDING_PATH)] == EMBEDDING_PATH:
+        if leaf_names(path)[: len(EMBEDDING_PATH)] == EMBEDDING_PATH:
             return i
     raise KeyError(f"no {'/'.join(EMBEDDING_PATH)} leaf in the model state")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+    """The optimiser of the runs here (`make_optimizer`); the fields of the same names of a
+    TrainConfig or expert_stage.StageConfig (`of`)."""
+
+    steps: int
+    warmup_steps: int
+    peak_lr: float
+    end_lr: float
+    weight_decay: float
+    clip_norm: float
+
+    @classmethod
+    def of(cls, config) -> OptimizerSettings:
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+
+def make_optimizer(
+    settings: OptimizerSettings,
+) -> tuple[optax.Schedule, optax.GradientTransformation]:
+    """(schedule, optimiser): warmup then cosine decay from `peak_lr` to `end_lr` over
+    `steps`, AdamW with `weight_decay` after clipping the global norm at `clip_norm`."""
+    warmup = min(settings.warmup_steps, settings.steps - 1)  # cosine needs >= 1 step
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, settings.peak_lr, warmup, settings.steps, settings.end_lr
+    )
+    optimizer = optax.chain(
+        optax.clip_by_global_norm(settings.clip_norm),
+        optax.adamw(schedule, weight_decay=settings.weight_decay),
+    )
+    return schedule, optimizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,30 +243,10 @@ class _Statics:
 
     model_config: ModelConfig
     vocab_size: int
-    steps: int
-    warmup_steps: int
-    peak_lr: float
-    end_lr: float
-    weight_decay: float
-    clip_norm: float
+    optimizer: OptimizerSettings
     language_weight: float
     augment: bool
     action_draws: int
-
-
-def make_optimizer(statics) -> tuple[optax.Schedule, optax.GradientTransformation]:
-    """(schedule, optimiser) of the runs here: warmup then cosine decay from `peak_lr` to
-    `end_lr` over `steps`, AdamW with `weight_decay` after clipping the global norm at
-    `clip_norm` (fields of `statics`)."""
-    warmup = min(statics.warmup_steps, statics.steps - 1)  # cosine needs >= 1 step
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, statics.peak_lr, warmup, statics.steps, statics.end_lr
-    )
-    optimizer = optax.chain(
-        optax.clip_by_global_norm(statics.clip_norm),
-        optax.adamw(schedule, weight_decay=statics.weight_decay),
-    )
-    return schedule, optimizer
 
 
 class _Compiled:
@@ -243,7 +260,7 @@ class _Compiled:
         leaves, self.treedef = jax.tree.flatten(state)
         self.embedding = _embedding_leaf(abstract)
         self.full_rows = leaves[self.embedding].shape[0]
-        self.schedule, self.optimizer = make_optimizer(statics)
+        self.schedule, self.optimizer = make_optimizer(statics.optimizer)
         self.step = jax.jit(self._step, donate_argnums=(0, 1))
         self.ema = jax.jit(_ema_update, donate_argnums=(0,))
         self.eval = jax.jit(self._eval_losses)
@@ -320,8 +337,7 @@ class Trainer:
         self.vocab_size = vocab_size
         self._fns = _compiled(
             _Statics(
-                model.config, vocab_size, config.steps, config.warmup_steps, config.peak_lr,
-                config.end_lr, config.weight_decay, config.clip_norm, config.language_weight,
+                model.config, vocab_size, OptimizerSettings.of(config), config.language_weight,
                 config.augment, config.action_draws,
             )
         )  # fmt: skip
@@ -726,6 +742,17 @@ def evaluate_first_frames(
     return result
 
 
+def smoothed(steps: Sequence, values: Sequence, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """A loss curve's running mean over `window` points (fewer if there are fewer), with the
+    step each mean ends at."""
+    values = np.asarray(values, dtype=float)
+    window = min(window, len(values))
+    if window == 0:
+        return np.asarray(steps), values
+    smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+    return np.asarray(steps)[len(values) - len(smooth) :], smooth
+
+
 def plot_curves(records: list[dict], path: pathlib.Path) -> None:
     import matplotlib
 
@@ -737,10 +764,8 @@ def plot_curves(records: list[dict], path: pathlib.Path) -> None:
     fig, axes = plt.subplots(1, 4, figsize=(20, 4))
     steps = [r["step"] for r in train]
     for key in ("loss", "action_loss", "language_loss"):
-        values = np.array([r[key] for r in train])
-        window = min(50, len(values))
-        smooth = np.convolve(values, np.ones(window) / window, mode="valid") if window else values
-        axes[0].plot(steps[len(steps) - len(smooth) :], smooth, label=f"train {key}")
+        smooth_steps, smooth = smoothed(steps, [r[key] for r in train], 50)
+        axes[0].plot(smooth_steps, smooth, label=f"train {key}")
     axes[0].plot(
         [r["step"] for r in val],
         [r["val_action_loss"] for r in val],
