@@ -416,13 +416,14 @@ class PerceptionNode(Node):
 
     def _awaiting_instruction(self, now: float) -> bool:
         """Whether frames wait for a new episode's instruction (warns once at a timeout)."""
+        awaited = self._instruction_wait.awaited  # the hold forgets it when it times out
         holds, timed_out = self._instruction_wait.holds(now)
         if timed_out:
             self.counters["cube_state.instruction_timeouts"] += 1
             self.get_logger().warning(
                 f"no instruction within {self._instruction_wait.timeout_s:g} s of episode "
-                f"{self._episode_id}'s reset; the frames go on with target "
-                f"{self._cube_state.target}"
+                f"{self._episode_id}'s reset (its instruction names {awaited}); the frames go "
+                f"on with target {self._cube_state.target}"
             )
         return holds
 
