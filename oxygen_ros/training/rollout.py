@@ -10,7 +10,8 @@ wall clock, so a rollout measures the policy alone: what the ROS graph adds (lat
 rates) is the difference to `benchmarks/closed_loop` on the same seeds.
 
 Measured per episode: success, the furthest stage reached (`tasks.evaluate`'s stage index), the
-spoken subtask against the stage at each observation, and the frames run.
+spoken subtask against the stage at each observation (with the confusion: stage -> what was
+said -> frames, per episode and summed in the summary), and the frames run.
 
 `python -m oxygen_ros.training.rollout --checkpoint DIR --seeds 0:10 [--execute-s 0.5]
 [--noise fresh|episode] [--noise-scale 1.0] [--object-state [positions|poses|reach|target]]
@@ -21,6 +22,7 @@ Nothing here imports rclpy.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import math
@@ -100,6 +102,8 @@ class EpisodeResult:
     subtask_hits: int  # frames whose spoken subtask equals the stage at the observation
     subtask_said: int  # frames with a spoken subtask
     moved_arms: list[str]  # per frame: the arm the chunk moves more (train.moved_arm's rule)
+    # stage at the observation -> spoken subtask -> frames (the confusion behind subtask_hits)
+    subtask_confusion: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
 
 def executed_rows(execute_s: float, dt: float) -> int:
@@ -192,6 +196,7 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
     )
     ticks_per_frame = max(1, round(config.execute_s * config.control_hz))
     furthest, frames, hits, said = 0, 0, 0, 0
+    confusion: dict[str, collections.Counter[str]] = {}
     closest = np.inf
     moved: list[str] = []
     evaluation = tasks.evaluate(workcell, spec)  # of the state each observation is taken in
@@ -208,6 +213,7 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
         if subtask is not None:
             said += 1
             hits += subtask == stage
+            confusion.setdefault(stage, collections.Counter())[subtask] += 1
         frames += 1
         for tick in range(ticks_per_frame):
             workcell.set_targets(chunk_target(rows, config.action_dt_s, tick / config.control_hz))
@@ -233,6 +239,7 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
         subtask_hits=hits,
         subtask_said=said,
         moved_arms=moved,
+        subtask_confusion={stage: dict(said) for stage, said in confusion.items()},
     )
 
 
@@ -251,7 +258,17 @@ def summarise(episodes: Sequence[EpisodeResult]) -> dict:
         "min_pinch_distance_median_m": float(np.median([e.min_pinch_distance_m for e in episodes]))
         if episodes
         else 0.0,
+        "subtask_confusion": merged_confusion(episodes),
     }
+
+
+def merged_confusion(episodes: Sequence[EpisodeResult]) -> dict[str, dict[str, int]]:
+    """Every episode's `subtask_confusion` summed: stage -> spoken subtask -> frames."""
+    merged: dict[str, collections.Counter[str]] = {}
+    for episode in episodes:
+        for stage, said in episode.subtask_confusion.items():
+            merged.setdefault(stage, collections.Counter()).update(said)
+    return {stage: dict(said.most_common()) for stage, said in sorted(merged.items())}
 
 
 def make_policy(

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from oxygen_ros.sim import robot
+from oxygen_ros.sim import robot, tasks
 from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
 from oxygen_ros.training import data, rollout
 
@@ -83,11 +83,21 @@ def test_the_experts_chunks_succeed_and_holding_home_does_not(workcell, seed):
     # 87 % agreement), so the scored subtask is mostly, not always, right.
     assert expert.subtask_said == expert.frames
     assert expert.subtask_hits >= 0.6 * expert.subtask_said
+    # The confusion behind the score: every spoken frame once, the hits on its diagonal.
+    confusion = expert.subtask_confusion
+    assert set(confusion) <= set(tasks.subtask_labels(tasks.sample_episode(seed)))
+    assert sum(n for said in confusion.values() for n in said.values()) == expert.subtask_said
+    assert sum(said.get(stage, 0) for stage, said in confusion.items()) == expert.subtask_hits
+    merged = rollout.summarise([expert, expert])["subtask_confusion"]
+    assert merged == {
+        stage: {t: 2 * n for t, n in said.items()} for stage, said in confusion.items()
+    }
     held = rollout.run_episode(_HoldHome(), workcell, seed, config)
     assert not held.success
     assert held.furthest_stage == 0
     assert held.min_pinch_distance_m > 0.05
     assert held.subtask_said == 0
+    assert held.subtask_confusion == {}
     # it ran to the time limit, one frame per executed half second
     assert held.sim_s == pytest.approx(12.0 if seed == 1 else 16.0, abs=0.05)
     assert held.frames == pytest.approx(held.sim_s / 0.5, abs=1)
