@@ -277,8 +277,10 @@ class PrefixCache:
 
     @staticmethod
     def _compute(engine: Engine, samples: _data.Samples, batch_size: int, cameras: bool):
+        if len(samples) == 0:
+            raise ValueError("no samples to compute a prefix cache of")
         image_keys = engine.config.model.image_keys
-        keys, values, masks = [], [], []
+        out: tuple[np.ndarray, ...] = ()  # filled in place: no second copy at the end
         for start in range(0, len(samples), batch_size):
             index = np.arange(start, min(start + batch_size, len(samples)))
             count = len(index)
@@ -290,10 +292,16 @@ class PrefixCache:
                 batch.images, batch.image_masks, batch.tokens, batch.token_mask
             )
             prefix = engine.runner.model.prefill(inputs)  # one compiled shape
-            keys.append(np.moveaxis(np.asarray(prefix.k), 1, 0)[:count])
-            values.append(np.moveaxis(np.asarray(prefix.v), 1, 0)[:count])
-            masks.append(np.asarray(prefix.mask)[:count])
-        return np.concatenate(keys), np.concatenate(values), np.concatenate(masks)
+            parts = (
+                np.moveaxis(np.asarray(prefix.k), 1, 0),
+                np.moveaxis(np.asarray(prefix.v), 1, 0),
+                np.asarray(prefix.mask),
+            )
+            if not out:
+                out = tuple(np.empty((len(samples), *p.shape[1:]), p.dtype) for p in parts)
+            for array, part in zip(out, parts, strict=True):
+                array[start : start + count] = part[:count]
+        return out
 
     def take(self, index: np.ndarray, blind: np.ndarray | None = None) -> model_fns.Prefix:
         """The rows `index`; where `blind` is true, the row's cache with the cameras masked."""
@@ -445,6 +453,8 @@ def run(config: StageConfig, workers: int = 1) -> dict:
         prefix_cache(config, engine, digest, name, samples)
         for name, samples in (("train", train_s), ("heldout", held_s))
     )
+    for part in (train_s, held_s, train_eps, held_eps):
+        part.images = {}  # only the prefill reads them; the long loop need not hold them
     logger.info(
         "prefix caches of %d + %d samples (%.0f MB) %.0f s after the start",
         len(train_s),
