@@ -239,7 +239,7 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
         subtask_hits=hits,
         subtask_said=said,
         moved_arms=moved,
-        subtask_confusion={stage: dict(said) for stage, said in confusion.items()},
+        subtask_confusion={stage: dict(spoken) for stage, spoken in confusion.items()},
     )
 
 
@@ -266,9 +266,9 @@ def merged_confusion(episodes: Sequence[EpisodeResult]) -> dict[str, dict[str, i
     """Every episode's `subtask_confusion` summed: stage -> spoken subtask -> frames."""
     merged: dict[str, collections.Counter[str]] = {}
     for episode in episodes:
-        for stage, said in episode.subtask_confusion.items():
-            merged.setdefault(stage, collections.Counter()).update(said)
-    return {stage: dict(said.most_common()) for stage, said in sorted(merged.items())}
+        for stage, spoken in episode.subtask_confusion.items():
+            merged.setdefault(stage, collections.Counter()).update(spoken)
+    return {stage: dict(spoken.most_common()) for stage, spoken in sorted(merged.items())}
 
 
 def make_policy(
