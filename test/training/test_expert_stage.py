@@ -102,7 +102,12 @@ def test_a_wider_expert_keeps_the_prefix_and_only_its_shape_differs(model) -> No
             widened += np.shape(leaf) != np.shape(source[path])
         else:
             np.testing.assert_array_equal(np.asarray(leaf), np.asarray(source[path]))
-    assert widened > 0  # every prefix leaf is the trained one: the cache is the same
+    assert widened > 0
+    # Every prefix leaf is the trained one, so the wider model's prefill gives the same cache.
+    inputs = _inputs(trained.config)
+    np.testing.assert_array_equal(
+        np.asarray(_prefill(staged, inputs).k), np.asarray(_prefill(trained, inputs).k)
+    )
 
 
 def _stage_config(demos_dir, out, **overrides) -> expert_stage.StageConfig:
