@@ -20,8 +20,7 @@ from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.model import create_model
 from oxygen_ros.engine.tokenizer import TOKENIZER_FILE
 from oxygen_ros.engine.types import Observation
-from oxygen_ros.sim import recorder
-from oxygen_ros.training import data, expert_stage, loss, train
+from oxygen_ros.training import expert_stage, loss, train
 
 pytestmark = pytest.mark.slow
 
@@ -185,17 +184,41 @@ def test_the_stage_changes_only_the_expert_and_keeps_the_assets(staged) -> None:
         assert mine.read_bytes() == (SHIPPED / "assets" / "workcell" / name).read_bytes()
 
 
-def test_the_stage_checkpoint_is_served_by_the_engine(staged, demos_dir) -> None:
+def test_the_engine_serves_the_chunk_the_stage_trained(staged, demos_dir) -> None:
+    """The stage's checkpoint served through the engine's observation path (an episode's frame
+    as an Observation: the cameras, the raw state, the instruction) gives the chunk the stage's
+    own path gives for that sample and noise (the cached prefix, the trained expert, then
+    unnormalised and made absolute): what the stage evaluates is what the robot gets. The
+    control: the starting checkpoint's engine gives another chunk on the same frame."""
     config, _ = staged
     engine = Engine(train.engine_config(config.out_dir, preset=PRESET))
-    path = recorder.list_episodes(demos_dir)[0]
-    episodes = data.load_episodes([path], engine.config.model, object_state="target")
-    observation = Observation(
-        images={}, image_masks={}, state=episodes.state[3], prompt=episodes.specs[0].instruction,
-        stamp=0.0,
-    )  # fmt: skip
-    chunk = engine.step(observation, noise=engine.make_noise(0)).actions.actions
-    assert chunk.shape == (engine.config.model.action_horizon, 14) and np.isfinite(chunk).all()
+    samples, _, (episodes, _) = expert_stage.load_samples(
+        engine, config.data_dir, PRESET, config.object_state, config.heldout, workers=1
+    )
+    cache = expert_stage.PrefixCache(engine, samples, batch_size=8)
+    trainer = expert_stage.ExpertTrainer(load_params(config.out_dir, engine.config.model), config)
+    robot_dim = engine.action_output_dim
+    noise = engine.make_noise(0)
+    for row in (3, len(samples) - 2):  # a frame of the first episode and one of the last
+        spec = episodes.specs[int(episodes.episode[row])]
+        observation = Observation(
+            images={slot: images[row] for slot, images in episodes.images.items()},
+            image_masks=dict.fromkeys(episodes.images, True),
+            state=episodes.state[row],
+            prompt=spec.instruction,
+            stamp=0.0,
+        )
+        served = engine.step(observation, noise=noise).actions.actions
+        staged_chunk = trainer.actions(cache.take(np.array([row])), noise)[0]
+        staged_chunk = engine.normalizer.unnormalize_actions(staged_chunk)[:, :robot_dim]
+        staged_chunk = engine.normalizer.absolute_actions(
+            staged_chunk, episodes.state[row], engine.delta_action_mask
+        )
+        assert served.shape == (engine.config.model.action_horizon, robot_dim)
+        np.testing.assert_allclose(served, staged_chunk, atol=1e-5)
+    starting = Engine(train.engine_config(str(SHIPPED), preset=PRESET))
+    before = starting.step(observation, noise=noise).actions.actions
+    assert np.abs(before - served).max() > 1e-2
 
 
 def test_the_cached_prefix_is_reused_and_the_stage_reproduces(staged, tmp_path) -> None:
