@@ -4,6 +4,7 @@ the cubes' table positions that the detector finds in the top image, held while 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,8 @@ class WorkcellSensors:
         self.images: dict[str, tuple[int, bytes]] = {}
         self.joints = robot.HOME.copy()
         self.top_enabled = True
+        self._lock = threading.Lock()  # a tick stamps and publishes under it
+        self._paused = False
         self.timer = node.create_timer(0.1, self.tick)
 
     def show(self, cell: Workcell, objects: dict, joints: np.ndarray = robot.HOME) -> None:
@@ -63,7 +66,22 @@ class WorkcellSensors:
         self.images = {c: encode_image(cell.render(c), "rgb8") for c in CAMERAS}
         self.joints = np.asarray(joints, np.float64).copy()
 
+    def pause(self) -> None:
+        """Stops publishing; every message published so far carries a stamp from before
+        this returns (a tick takes its stamp and publishes under the same lock)."""
+        with self._lock:
+            self._paused = True
+
+    def resume(self) -> None:
+        with self._lock:
+            self._paused = False
+
     def tick(self) -> None:
+        with self._lock:
+            if not self._paused:
+                self._publish()
+
+    def _publish(self) -> None:
         stamp = self.node.get_clock().now().to_msg()
         for camera, (step, data) in dict(self.images).items():
             if camera == "top" and not self.top_enabled:
@@ -376,11 +394,25 @@ def test_a_reset_holds_frames_until_its_instruction_arrives(launcher, ros_node, 
     status = node.create_publisher(EpisodeStatus, "c_status", LATCHED_QOS)
 
     def reset(episode_id: int, text: str) -> float:
-        """Publishes episode `episode_id`'s first status (its reset now); returns the reset."""
-        msg = EpisodeStatus(episode_id=episode_id, phase=EpisodeStatus.PHASE_RUNNING)
-        msg.header.stamp = node.get_clock().now().to_msg()
-        msg.instruction, msg.elapsed_s = text, 0.0
-        status.publish(msg)
+        """Publishes episode `episode_id`'s first status (its reset now) and returns the reset.
+        The sensors pause from before the reset until perception has counted it: DDS orders no
+        messages across topics, so sensor messages stamped after the reset could otherwise be
+        fused before the status arrives, and no node can hold a frame for a reset it has not
+        heard of (a frame with the old target seen so under load, 2026-11-30)."""
+        resets = counter(diags, "cube_state.resets")
+        sensors.pause()
+        try:
+            msg = EpisodeStatus(episode_id=episode_id, phase=EpisodeStatus.PHASE_RUNNING)
+            msg.header.stamp = node.get_clock().now().to_msg()
+            msg.instruction, msg.elapsed_s = text, 0.0
+            status.publish(msg)
+            wait_for(
+                lambda: counter(diags, "cube_state.resets") > resets,
+                10,
+                f"episode {episode_id}'s reset counted",
+            )
+        finally:
+            sensors.resume()
         return time_to_seconds(msg.header.stamp)
 
     try:
