@@ -133,16 +133,28 @@ def staged(demos_dir, tmp_path_factory):
     return config, expert_stage.run(config)
 
 
-def test_the_stage_loss_is_openpis_loss_read_from_the_cached_prefix(demos_dir) -> None:
+def saved_cache(config, engine, model, samples) -> expert_stage.PrefixCache:
+    """The training samples' prefix cache the `staged` run wrote, read back (not recomputed:
+    the files stay untouched). Its prefix is the starting checkpoint's, so any checkpoint with
+    that prefix (the start's or the stage's) reads it."""
+    files = sorted((pathlib.Path(config.cache_dir) / "train").iterdir())
+    written = {f: f.stat().st_mtime_ns for f in files}
+    digest = expert_stage.prefix_digest(model)
+    cache = expert_stage.prefix_cache(config, engine, digest, "train", samples)
+    assert files and {f: f.stat().st_mtime_ns for f in files} == written
+    return cache
+
+
+def test_the_stage_loss_is_openpis_loss_read_from_the_cached_prefix(staged) -> None:
     """The same rows, rng and draws: the stage's per-row loss on the cached prefix equals the
     full training loss's action term (`loss.compute_losses`, which runs the prefix itself)."""
+    config, _ = staged
     engine = Engine(train.engine_config(str(SHIPPED), preset=PRESET))
-    config = _stage_config(demos_dir, "unused")
     samples, _, _ = expert_stage.load_samples(
         engine, config.data_dir, config.preset, config.object_state, config.heldout, workers=1
     )
-    cache = expert_stage.PrefixCache(engine, samples, batch_size=8)
     model = load_params(SHIPPED, engine.config.model)
+    cache = saved_cache(config, engine, model, samples)
     trainer = expert_stage.ExpertTrainer(model, config)
     index = np.array([0, 3, 7, 12, 15])
     batch = train.to_batch(samples.take(index), engine.config.model.image_keys)
@@ -184,7 +196,7 @@ def test_the_stage_changes_only_the_expert_and_keeps_the_assets(staged) -> None:
         assert mine.read_bytes() == (SHIPPED / "assets" / "workcell" / name).read_bytes()
 
 
-def test_the_engine_serves_the_chunk_the_stage_trained(staged, demos_dir) -> None:
+def test_the_engine_serves_the_chunk_the_stage_trained(staged) -> None:
     """The stage's checkpoint served through the engine's observation path (an episode's frame
     as an Observation: the cameras, the raw state, the instruction) gives the chunk the stage's
     own path gives for that sample and noise (the cached prefix, the trained expert, then
@@ -195,8 +207,9 @@ def test_the_engine_serves_the_chunk_the_stage_trained(staged, demos_dir) -> Non
     samples, _, (episodes, _) = expert_stage.load_samples(
         engine, config.data_dir, PRESET, config.object_state, config.heldout, workers=1
     )
-    cache = expert_stage.PrefixCache(engine, samples, batch_size=8)
-    trainer = expert_stage.ExpertTrainer(load_params(config.out_dir, engine.config.model), config)
+    model = load_params(config.out_dir, engine.config.model)
+    cache = saved_cache(config, engine, model, samples)
+    trainer = expert_stage.ExpertTrainer(model, config)
     robot_dim = engine.action_output_dim
     noise = engine.make_noise(0)
     for row in (3, len(samples) - 2):  # a frame of the first episode and one of the last
