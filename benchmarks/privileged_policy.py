@@ -451,13 +451,11 @@ def fit(
     x = rows["features"][:, cols]
     binning = {}
     if prompt_bins:
-        low, high = np.quantile(x, 0.01, axis=0), np.quantile(x, 0.99, axis=0)
-        narrow = (high - low) < min_norm_range
-        centre = (low + high) / 2
-        low = np.where(narrow, centre - min_norm_range / 2, low)
-        high = np.where(narrow, centre + min_norm_range / 2, high)
-        binning = {"bin_low": low, "bin_high": high}
-        x = as_prompt_bins(x, low, high)
+        low, high, _ = data.widen_range(
+            np.quantile(x, 0.01, axis=0), np.quantile(x, 0.99, axis=0), min_norm_range
+        )
+        binning = {"bin_low": low.astype(x.dtype), "bin_high": high.astype(x.dtype)}
+        x = as_prompt_bins(x, binning["bin_low"], binning["bin_high"])
     y = Normalizer.relative_actions(rows["chunks"], rows["joints"], data.DELTA_ACTION_MASK)
     y = y.reshape(len(y), -1)
     stats = {

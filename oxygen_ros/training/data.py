@@ -353,17 +353,30 @@ def widen_norm_stats(
     of the loss. Returns the new stats and, per key, the dimensions widened."""
     out, widened = {}, {}
     for key, s in stats.items():
-        q01, q99 = np.asarray(s.q01, np.float64), np.asarray(s.q99, np.float64)
-        narrow = (q99 - q01) < min_range
-        centre = (q01 + q99) / 2
+        q01, q99, narrow = widen_range(s.q01, s.q99, min_range)
         out[key] = normalize.NormStats(
             mean=np.asarray(s.mean),
             std=np.maximum(np.asarray(s.std), min_range / 2),
-            q01=np.where(narrow, centre - min_range / 2, q01).astype(np.asarray(s.q01).dtype),
-            q99=np.where(narrow, centre + min_range / 2, q99).astype(np.asarray(s.q99).dtype),
+            q01=q01.astype(np.asarray(s.q01).dtype),
+            q99=q99.astype(np.asarray(s.q99).dtype),
         )
         widened[key] = np.flatnonzero(narrow).tolist()
     return out, widened
+
+
+def widen_range(
+    low: np.ndarray, high: np.ndarray, min_range: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(low, high, narrow), float64: every range narrower than `min_range` widened to it about
+    its centre (`narrow` marks those)."""
+    low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
+    narrow = (high - low) < min_range
+    centre = (low + high) / 2
+    return (
+        np.where(narrow, centre - min_range / 2, low),
+        np.where(narrow, centre + min_range / 2, high),
+        narrow,
+    )
 
 
 GRIPPER_ACTION_DIMS = tuple(
