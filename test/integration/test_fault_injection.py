@@ -94,6 +94,16 @@ HOLD_CHUNK_ID = 2**63
 MAX_PENDING = 4
 FUTURE_TOLERANCE_S = 0.5  # perception future_tolerance_s (humanoid.yaml)
 FUZZ_FRAME_ID = "fault_injection_test"
+# Perception's diagnostics keys a failed wait reports (what it received, built and skipped).
+PERCEPTION_KEYS = (
+    "frames",
+    "joint_states",
+    "images.",
+    "skipped.",
+    "trigger.",
+    "observation_rate",
+    "sequence",
+)
 
 HYPOTHESIS = settings(
     max_examples=40,
@@ -169,6 +179,7 @@ class FakeSensors:
             rgb = np.zeros((height, width, 3), dtype=np.uint8)
             rgb[:] = colour
             self.buffers[name] = encode_image(rgb, encoding, row_padding=2)
+        self.ticks = 0  # ticks run (the executor thread's own liveness, for failure reports)
         self.timer = node.create_timer(1 / 30, self.tick)
 
     def all_on(self) -> None:
@@ -180,6 +191,7 @@ class FakeSensors:
         self.joints = "none"
 
     def tick(self) -> None:
+        self.ticks += 1
         stamp = self.node.get_clock().now().to_msg()
         for name, (encoding, width, height, _c) in SENSORS.items():
             if self.cameras_on[name]:
@@ -407,10 +419,13 @@ class Rig:
         restarted node: JAX import, model init, compiles); on timeout the message names the
         node's state and the end of its log."""
 
+        ticks = self.sensors.ticks
+
         def state() -> str:
-            # Everything that tells where the chain stopped: frames reaching the test (the
-            # perception side), the inference node's own view (frames received and run, the
-            # action process), and both logs' ends.
+            # Everything that tells where the chain stopped: the test's sensors (ticks since
+            # the start), frames reaching the test and perception's own counts (the perception
+            # side), the inference node's own view (frames received and run, the action
+            # process), and both logs' ends.
             node, perception = self.inference, self.perception
             alive = node is not None and node.alive()
             tail = node.log()[-3000:] if node is not None else "not started"
@@ -423,12 +438,20 @@ class Rig:
                 if diag is not None and diag.t > started
                 else "none since the start"
             )
+            p_diag = self.status("perception")
+            p_seen = (
+                f"{time.monotonic() - p_diag.t:.1f} s ago: "
+                + str({k: v for k, v in p_diag.values.items() if k.startswith(PERCEPTION_KEYS)})
+                if p_diag is not None
+                else "none"
+            )
             p_alive = perception is not None and perception.alive()
             p_tail = perception.log()[-1500:] if perception is not None else "not started"
             return (
                 f"{count + 1} actions ({got} came; inference alive={alive}; {frames} frames "
-                f"seen since; inference diagnostics {seen}); log:\n{tail}\n"
-                f"perception alive={p_alive}, log:\n{p_tail}"
+                f"seen since; {self.sensors.ticks - ticks} sensor ticks since; inference "
+                f"diagnostics {seen}); log:\n{tail}\n"
+                f"perception alive={p_alive}, diagnostics {p_seen}, log:\n{p_tail}"
             )
 
         wait_for(lambda: len(self.actions_since(started)) > count, ENGINE_START_TIMEOUT_S, state)
