@@ -16,7 +16,10 @@ held-out seeds through `training.rollout` (blind, 0.2 s per chunk).
 prompt keeps of it: each number's bin) fits the same MLP on the same samples from the numbers
 instead: the baseline. `--flow-steps N --flow-draws K` fits the MLP as a flow-matching velocity
 field sampled from noise in N steps instead (`privileged_policy.train_flow`), as the action
-expert is trained and sampled (`--noise-scale 0`: from zero).
+expert is trained and sampled (`--noise-scale 0`: from zero). `--features linear` reads the raw
+state with the target state's hand-to-cube offsets back in metres (the state stores sign(d) *
+sqrt(|d|)). `--min-std` is added to each feature's std where the MLP normalises its inputs (a
+feature the data never moves is divided by it alone; the report counts them).
 
 If the MLP on the cache acts about as well as the MLP on the bins, the prefix holds the state
 and the action expert is what falls short; if it acts as badly as the VLA, the prefix does.
@@ -45,11 +48,12 @@ import state_policy
 from oxygen_ros.engine import model_fns
 from oxygen_ros.engine.config import SchedulerConfig
 from oxygen_ros.engine.engine import Engine
+from oxygen_ros.perception import workcell_cubes
 from oxygen_ros.sim import robot
 from oxygen_ros.training import data, expert_stage, rollout
 from oxygen_ros.training.train import engine_config
 
-FEATURES = ("cache", "state", "bins")
+FEATURES = ("cache", "state", "bins", "linear")
 
 
 def cache_features(engine: Engine, tokens: np.ndarray, token_mask: np.ndarray) -> np.ndarray:
@@ -82,12 +86,28 @@ def state_features(
     normalised state (`state`), or as much as the prompt keeps of it (`bins`: each of its 256
     bins as the bin's centre, -1 below the range)."""
     normalised = engine.normalizer.normalize_state(np.asarray(states, np.float32))
+    if kind == "linear":  # the raw state, each hand-to-cube offset back in metres
+        normalised = linear_offsets(np.asarray(states, np.float32))
     if kind == "bins":
         normalised = privileged_policy.prompt_bin_centres(normalised)
     words = {text: state_policy.instruction_features(text) for text in set(instructions)}
     return np.concatenate(
         [np.stack([words[text] for text in instructions]), normalised], axis=1
     ).astype(np.float32)
+
+
+def linear_offsets(states: np.ndarray) -> np.ndarray:
+    """`states` [B, D] of the target object state with its hand-to-cube offsets (stored as
+    sign(d) * sqrt(|d|), `workcell_cubes.reach_offsets`) turned back into metres d; the rest
+    unchanged."""
+    names = data.state_names(workcell_cubes.TARGET)
+    if states.shape[1] != len(names):
+        raise ValueError(f"linear features read the target state ({len(names)} numbers)")
+    out = np.array(states, np.float32)
+    for i, name in enumerate(names):
+        if name.rsplit(".", 1)[-1] in workcell_cubes.REACH_FIELDS:
+            out[:, i] = out[:, i] * np.abs(out[:, i])
+    return out
 
 
 def features_of(
@@ -106,6 +126,15 @@ def features_of(
             mask = np.concatenate([mask, np.repeat(mask[-1:], pad, axis=0)])
         parts.append(cache_features(engine, tokens, mask)[: len(samples.tokens[part])])
     return np.concatenate(parts)
+
+
+def feature_stats(features: np.ndarray, min_std: float) -> dict[str, np.ndarray]:
+    """The MLP's input normalisation: per feature the mean and the std plus `min_std` (a
+    feature the training data barely moves is divided by about `min_std`, so a small departure
+    from it in the closed loop is magnified up to 1 / min_std), and which features have a
+    spread below `min_std`."""
+    spread = features.std(0)
+    return {"mean": features.mean(0), "std": spread + min_std, "below_min_std": spread < min_std}
 
 
 @dataclasses.dataclass
@@ -165,6 +194,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5000)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--min-std",
+        type=float,
+        default=1e-3,
+        help="added to each feature's std: a feature the data barely moves is divided by it",
+    )
     parser.add_argument("--features", choices=FEATURES, default="cache")
     parser.add_argument("--flow-steps", type=int, default=0, help="> 0: a flow head (openpi's)")
     parser.add_argument("--flow-draws", type=int, default=1, help="(noise, time) per sample")
@@ -186,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     x_held = features_of(engine, held_s, heldout_eps, args.features)
     print(f"features {x_train.shape} in {time.monotonic() - started:.0f} s", flush=True)
     y_train = train_s.actions[..., : robot.NUM_JOINTS].reshape(len(train_s), -1)
-    stats = {"mean": x_train.mean(0), "std": x_train.std(0) + 1e-3}
+    stats = feature_stats(x_train, args.min_std)
     xn = ((x_train - stats["mean"]) / stats["std"]).astype(np.float32)
 
     def batches(rng: np.random.Generator):
@@ -210,6 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "train_samples": len(train_s),
         "heldout_samples": len(held_s),
         "heldout_action_mae_rad": float(np.abs(predicted - want).mean()),
+        # features whose spread in the training data is below the floor: a departure on
+        # them in the closed loop is magnified by up to 1 / min_std
+        "features_below_min_std": int(stats["below_min_std"].sum()),
     }
     print(report, flush=True)
     if args.seeds:

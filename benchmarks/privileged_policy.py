@@ -33,10 +33,11 @@ DAgger (`--dagger-rounds R`): after each fit the MLP (with the expert's chunk in
 is labelled with the reactive expert's chunk from that state (`training.dagger.expert_chunk`),
 the rows join the training set and the MLP is fit again from scratch.
 
-`--perception tracked|whole|inhand` takes the cube's blocks from the top camera instead
-(`Perception`: the perception node's tracker and the detector's yaw; `perception.cube_poses`
-from whole views only; or that and, while a gripper holds the cube, the pinch point), for the
-demonstrations and the evaluation alike; `z` only with `inhand` (the pinch point's height while
+`--perception tracked|whole|inhand|inhand_whole` takes the cube's blocks from the top camera
+instead (`Perception`: the perception node's tracker and the detector's yaw;
+`perception.cube_poses` from whole views only; or as served, and while a gripper holds the
+cube the pinch point; or that from whole views only), for the demonstrations and the
+evaluation alike; `z` only with `inhand`/`inhand_whole` (the pinch point's height while
 held, the table plane's otherwise: a top camera does not measure height).
 
 Towards the VLA (run 45): `--batch-size 16 --steps 4618` gives the MLP the VLA's sample budget;
@@ -46,7 +47,8 @@ bins); `--flow-steps N` fits the MLP as a flow-matching velocity field sampled i
 the VLA's action expert is trained and sampled; `--heldout first:stop` keeps demonstrations out
 of the fit and reports the action error on them. `--gripper-scale F` (run 46) multiplies the
 grippers' normalised targets by F: their share of the loss, and for the flow their size against
-the noise.
+the noise. `--execute-s` executes each evaluated chunk that long before the next
+observation (0.1 s by default; the VLA's rollouts use 0.2 s).
 
 `python -m benchmarks.privileged_policy --blocks z,yaw,goal,pinch3 --demos 1000:2000
 --seeds 0:40 [--perception whole] [--dagger-rounds 3] [--cache F.npz] --out results.json` from
@@ -103,7 +105,7 @@ def yaw_of(quaternion: np.ndarray) -> float:
     return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
 
 
-PERCEPTIONS = ("tracked", "whole", "inhand")
+PERCEPTIONS = ("tracked", "whole", "inhand", "inhand_whole")
 
 
 class Perception:
@@ -117,6 +119,8 @@ class Perception:
     "whole": `workcell_cubes.cube_poses` without the arms: whole views only.
     "inhand": `workcell_cubes.cube_poses`, whole views and, while a gripper holds the cube,
     the hand's account of it (forward kinematics of the measured joints).
+    "inhand_whole": "inhand" with the tracker before 2026-11-29, which moved an estimate on
+    whole views only (`CubePoses.follow_partial_views` off, `rollout --whole-views-only`).
     The start is the first observation's (x, y)."""
 
     def __init__(self, kind: str = "tracked") -> None:
@@ -137,6 +141,7 @@ class Perception:
                 self.poses = workcell_cubes.cube_poses(width, height)
                 if self.kind == "whole":
                     self.poses.hands = {}
+                self.poses.follow_partial_views = self.kind == "inhand"
             pose = self.poses.update(image, workcell.joint_positions())[target]
             return np.r_[pose.xy, pose.z], pose.yaw, pose.start
         state = self.cubes.update(image)
@@ -253,13 +258,15 @@ def run_episode(
     beta: float = 0.0,
     rng: np.random.Generator | None = None,
     perception: str = "",
+    execute_s: float = 1.0 / FPS,
 ) -> tuple[Episode, dict[str, np.ndarray]]:
     """One episode; mode "demo" (the expert at the control rate, chunks from its own next
     commands), "label" (the policy, or at `beta` of the frames the expert's chunk, executed;
     every observation labelled with `dagger.expert_chunk`) or "eval" (the policy alone, no
     rows). `perception` (one of PERCEPTIONS): the cube's blocks from the top camera
-    (`Perception`; the workcell must render it). Returns the episode and its rows: features
-    [N, F], joints [N, 14], chunks [N, A, 14]."""
+    (`Perception`; the workcell must render it). In "eval" each chunk is executed for
+    `execute_s` before the next observation (the others observe every 1 / FPS). Returns the
+    episode and its rows: features [N, F], joints [N, 14], chunks [N, A, 14]."""
     if mode not in ("demo", "label", "eval"):
         raise ValueError(f"unknown mode {mode!r}")
     spec = tasks.sample_episode(seed)
@@ -269,7 +276,7 @@ def run_episode(
     start = workcell.time
     tracker = tasks.SuccessTracker()
     seen = Perception(perception) if perception else None
-    per_frame = round(CONTROL_HZ / FPS)
+    per_frame = round(CONTROL_HZ * (execute_s if mode == "eval" else 1.0 / FPS))
     dt = 1.0 / CONTROL_HZ
     features, joints, chunks, commands = [], [], [], []
     furthest, closest = 0, np.inf
@@ -319,7 +326,7 @@ def run_episode(
 
 
 def _work(job: tuple) -> list[tuple[Episode, dict[str, np.ndarray]]]:
-    seeds, mode, policy_parts, beta, perception = job
+    seeds, mode, policy_parts, beta, perception, execute_s = job
     workcell = Workcell(
         WorkcellConfig(cameras=(workcell_cubes.CAMERA,))
         if perception
@@ -330,7 +337,8 @@ def _work(job: tuple) -> list[tuple[Episode, dict[str, np.ndarray]]]:
     rng = np.random.default_rng(seeds[0]) if seeds else None
     try:
         return [
-            run_episode(workcell, expert, s, mode, policy, beta, rng, perception) for s in seeds
+            run_episode(workcell, expert, s, mode, policy, beta, rng, perception, execute_s)
+            for s in seeds
         ]
     finally:
         workcell.close()
@@ -343,13 +351,16 @@ def run_many(
     beta: float = 0.0,
     workers: int = 2,
     perception: str = "",
+    execute_s: float = 1.0 / FPS,
 ) -> list[tuple[Episode, dict[str, np.ndarray]]]:
     """`run_episode` over `seeds`, split round-robin over `workers` processes (in order)."""
     parts = None
     if policy:
         p = policy
         parts = (p.members, p.stats, p.columns, p.flow_steps, p.noise_scale)
-    jobs = [(list(seeds[k::workers]), mode, parts, beta, perception) for k in range(workers)]
+    jobs = [
+        (list(seeds[k::workers]), mode, parts, beta, perception, execute_s) for k in range(workers)
+    ]
     if workers == 1:
         results = [_work(jobs[0])]
     else:
@@ -538,6 +549,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="every input reduced to its pi0.5 prompt bin (256 bins over q01-q99), as the VLA "
         "reads its state",
     )
+    parser.add_argument(
+        "--execute-s",
+        type=float,
+        default=1.0 / FPS,
+        help="seconds each evaluated chunk is executed before the next observation",
+    )
     parser.add_argument("--dagger-rounds", type=int, default=0)
     parser.add_argument("--dagger-episodes", type=int, default=40)
     parser.add_argument("--beta", type=float, default=0.3)
@@ -599,6 +616,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             policy,
             workers=args.workers,
             perception=perception,
+            execute_s=args.execute_s,
         )
         episodes = [e for e, _ in evaluation]
         entry = {"round": round_index, "rows": len(rows["features"]), **summarise(episodes)}

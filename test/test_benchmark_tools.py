@@ -446,6 +446,17 @@ def test_privileged_demonstrations_label_and_evaluate(privileged) -> None:
 
         held, rows = privileged.run_episode(cell, expert, seed, "eval", still)
         assert not held.success and held.furthest_stage == 0 and rows == {}
+        # --execute-s: each chunk runs that long, so the policy is asked half as often at 0.2 s
+        # as at the demonstrations' 0.1 s over the same time limit
+        calls = {0.1: 0, 0.2: 0}
+        for execute_s in calls:
+
+            def counted(x, q, key=execute_s):
+                calls[key] += 1
+                return still(x, q)
+
+            privileged.run_episode(cell, expert, seed, "eval", counted, execute_s=execute_s)
+        assert calls[0.1] == pytest.approx(2 * calls[0.2], abs=1)
     finally:
         cell.close()
 
@@ -582,9 +593,8 @@ def test_privileged_whole_views_keep_the_cube_under_a_descending_gripper(privile
             if pose.position[2] > tasks.CUBE_HALF_SIZE_M + 0.003:
                 break  # lifted
             if tick % 5 == 0:
-                (tracked, _, _), (whole, yaw, _) = (
-                    seen[k].see(cell, spec.target) for k in ("tracked", "whole")
-                )
+                views = {k: p.see(cell, spec.target) for k, p in seen.items()}
+                (tracked, _, _), (whole, yaw, _) = views["tracked"], views["whole"]
                 tracked_err.append(np.linalg.norm(tracked[:2] - pose.position[:2]))
                 whole_err.append(np.linalg.norm(whole[:2] - pose.position[:2]))
                 true_yaw = privileged.yaw_of(pose.quaternion)
@@ -594,6 +604,11 @@ def test_privileged_whole_views_keep_the_cube_under_a_descending_gripper(privile
     finally:
         cell.close()
     assert len(whole_err) > 10
+    # "inhand_whole" is "inhand" with the tracker before partial views moved an estimate
+    # (whole views only, as "whole"); "inhand" follows partial views
+    assert seen["inhand"].poses.follow_partial_views
+    for kind in ("whole", "inhand_whole"):
+        assert not seen[kind].poses.follow_partial_views
     assert max(tracked_err) > 0.005
     assert max(whole_err) < 0.003
     assert max(whole_yaw_err) < np.sin(np.radians(10))
@@ -691,3 +706,40 @@ def test_prefix_head_reads_the_prompts_cache_right_aligned() -> None:
     np.testing.assert_allclose(
         features[len(words) :], -1.0 + (bins + 0.5) * 2.0 / prompts.NUM_STATE_BINS, atol=1e-6
     )
+
+
+def test_prefix_head_feature_stats_floor_the_std_and_count_the_flat_features() -> None:
+    """--min-std: the MLP divides each feature by its std plus the floor, so a feature the
+    training data never moves is divided by the floor alone (and counted), one that moves by
+    about its own spread."""
+    head = load_benchmark("prefix_head")
+    rng = np.random.default_rng(0)
+    features = np.stack([np.full(500, 0.25), rng.normal(0.0, 0.5, 500)], axis=1)
+    for floor in (1e-3, 0.05):
+        stats = head.feature_stats(features, floor)
+        np.testing.assert_allclose(stats["mean"], features.mean(0))
+        assert stats["std"][0] == pytest.approx(floor)
+        assert stats["std"][1] == pytest.approx(features[:, 1].std() + floor)
+        assert features[:, 1].std() == pytest.approx(0.5, rel=0.1)
+        assert stats["below_min_std"].tolist() == [True, False]
+
+
+def test_prefix_head_linear_features_turn_the_offsets_back_into_metres() -> None:
+    """--features linear: the target state's hand-to-cube offsets, stored as sign(d) *
+    sqrt(|d|) (`workcell_cubes.reach_offsets`), come back as d in metres; every other number
+    (joints, the cube's pose) is left as it is, and a state of another layout is refused."""
+    from oxygen_ros.perception import workcell_cubes
+    from oxygen_ros.training import data
+
+    head = load_benchmark("prefix_head")
+    names = data.state_names(workcell_cubes.TARGET)
+    rng = np.random.default_rng(1)
+    d = rng.uniform(-0.3, 0.3, (4, len(names))).astype(np.float32)
+    offset = np.array([n.rsplit(".", 1)[-1] in workcell_cubes.REACH_FIELDS for n in names])
+    assert offset.sum() == 3 * 2  # dx, dy, dz per arm
+    stored = np.where(offset, np.sign(d) * np.sqrt(np.abs(d)), d).astype(np.float32)
+    got = head.linear_offsets(stored)
+    np.testing.assert_allclose(got[:, offset], d[:, offset], rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(got[:, ~offset], stored[:, ~offset])
+    with pytest.raises(ValueError, match="target state"):
+        head.linear_offsets(stored[:, :-1])
