@@ -100,6 +100,7 @@ def summarise(frames: Sequence[Frame], executed: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from oxygen_ros.perception import workcell_cubes
     from oxygen_ros.resources import resolve_path
     from oxygen_ros.sim import robot, tasks
     from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
@@ -143,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             joints = robot.arm_columns(self.spec.arm)
             grip = robot.gripper_index(self.spec.arm)
             error = float("nan")
-            if args.object_state == "target":  # the state's target.x, target.y follow the joints
+            # the target states' target.x, target.y follow the joints
+            if args.object_state in workcell_cubes.TARGET_KINDS:
                 true = cell.object_pose(self.spec.target).position[:2]
                 seen = np.asarray(observation.state[robot.NUM_JOINTS : robot.NUM_JOINTS + 2])
                 error = float(np.linalg.norm(seen - true))

@@ -58,16 +58,18 @@ def model_space(chunk: np.ndarray, state: np.ndarray, mask: tuple[bool, ...]) ->
 
 
 def perceived(state: np.ndarray, object_state: str) -> np.ndarray:
-    """`state` as perception would report it: with `reach` or `target`, the hand-to-cube
+    """`state` as perception would report it: with `reach` or a target state, the hand-to-cube
     offsets follow the (shifted) joints and cube poses; other states are returned unchanged."""
-    if object_state not in ("reach", "target"):
+    if object_state not in ("reach", *workcell_cubes.TARGET_KINDS):
         return state
     joints, poses = state[: robot.NUM_JOINTS], state[robot.NUM_JOINTS :]
     width = len(workcell_cubes.POSE_FIELDS)  # the target's pose
     if object_state == "reach":
         width = len(workcell_cubes.POSE_STATE_NAMES)
     out = state.copy()
-    out[robot.NUM_JOINTS + width :] = workcell_cubes.reach_offsets(poses[:width], joints)
+    out[robot.NUM_JOINTS + width :] = workcell_cubes.reach_offsets(
+        poses[:width], joints, metres=object_state == "target_m"
+    )
     return out
 
 
@@ -129,7 +131,11 @@ def probe_one(engine: Engine, observation, spec, args) -> dict:
     result = {"seed": spec.seed, "instruction": spec.instruction, "joints": joints}
     if args.object_state:
         names = workcell_cubes.object_state(args.object_state).names
-        cube = workcell_cubes.TARGET if args.object_state == "target" else spec.target
+        cube = (
+            workcell_cubes.TARGET
+            if args.object_state in workcell_cubes.TARGET_KINDS
+            else spec.target
+        )
         index = robot.NUM_JOINTS + list(names).index(f"{cube}.x")
         state = np.asarray(observation.state, np.float64).copy()
         state[index] += args.cube_shift_m

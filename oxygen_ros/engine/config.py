@@ -23,6 +23,8 @@ Presets (`get_model_config(name)`):
 - `workcell_target_bins`: only the instructed cube's pose and offsets from the hands
   (`workcell_cubes.TARGET_STATE_NAMES`, 13 numbers) for the same tokenizer: a 48-token prompt
   budget, prefix 156 tokens.
+- `workcell_target_m_bins`: `workcell_target_bins` for the same state with the offsets in metres
+  (`workcell_cubes.TARGET_METRES_STATE_NAMES`).
 - `workcell_target_wide`: `workcell_target_bins` with both Gemma experts at width 256 (8 heads
   of 32, depth 4; `model.SMALL_GEMMA_VARIANTS`) instead of openpi's `dummy` (width 64).
 - `workcell_target_e256`: `workcell_target_bins` with only the action expert at width 256
@@ -57,6 +59,7 @@ PRESET_NAMES = (
     "workcell_poses_bins",
     "workcell_reach_bins",
     "workcell_target_bins",
+    "workcell_target_m_bins",
     "workcell_target_wide",
     "workcell_target_e256",
     "pi05",
@@ -114,6 +117,12 @@ def get_model_config(name: str) -> ModelConfig:
         # token each with the state-bins tokenizer: 48 tokens with the longest instruction.
         return dataclasses.replace(
             get_model_config("workcell"), name="workcell_target_bins", max_token_len=48
+        )
+    if name == "workcell_target_m_bins":
+        # workcell_target_bins' shape for `workcell_cubes.TARGET_METRES_STATE_NAMES` (the same
+        # 13 numbers, the offsets from the hands in metres): the same 48-token prompt budget.
+        return dataclasses.replace(
+            get_model_config("workcell_target_bins"), name="workcell_target_m_bins"
         )
     if name == "workcell_target_wide":
         # workcell_target_bins with both Gemma experts four times as wide (model.py's

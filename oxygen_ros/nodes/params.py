@@ -377,7 +377,10 @@ MODEL_SHARED: tuple[ParamSpec, ...] = (
     ),
 )
 
-CUBE_STATES = ("positions", "poses", "reach", "target")  # perception's `cube_state`
+# perception's `cube_state` (workcell_cubes.OBJECT_STATES), and those told the instructed cube
+# (workcell_cubes.TARGET_KINDS); not imported from there, so params stay free of the perception
+CUBE_STATES = ("positions", "poses", "reach", "target", "target_m")
+TARGET_CUBE_STATES = ("target", "target_m")
 PERCEPTION: tuple[ParamSpec, ...] = (
     *MODEL_SHARED,
     ParamSpec(
@@ -456,7 +459,8 @@ PERCEPTION: tuple[ParamSpec, ...] = (
         "kinematics; needs the workcell's 14 joints in joint_names) or 'reach' (the poses, "
         "then per cube and arm sign(d) * sqrt(|d|) of the cube's centre minus the pinch point "
         "in metres; the same joints) or 'target' (the pose and offsets of the cube the newest "
-        "instruction on task_instruction_topic names, alone; the same joints)",
+        "instruction on task_instruction_topic names, alone; the same joints) or 'target_m' "
+        "(the same with the offsets in metres)",
         "str",
         check=one_of(*CUBE_STATES),
     ),
@@ -465,7 +469,8 @@ PERCEPTION: tuple[ParamSpec, ...] = (
         "oxygen/current_instruction",
         "with cube_state_camera: the (latched) instruction in use, by default the inference "
         "node's; each one published starts a new task for the cube state (a fresh tracker fed "
-        "only images taken after it) and, with cube_state 'target', names its cube",
+        "only images taken after it) and, with cube_state 'target' or 'target_m', names its "
+        "cube",
         "str",
         check=topic_name,
     ),

@@ -35,9 +35,10 @@ Invariants:
   cube's offset from each hand (`REACH_STATE_NAMES`, `workcell_cubes.CubeReachState`); with
   `cube_state: target` only the instructed cube's pose and offsets (`TARGET_STATE_NAMES`,
   `workcell_cubes.CubeTargetState`), the cube named by the newest instruction on
-  `task_instruction_topic`. Frames without a target (no instruction yet, or one that names
-  no workcell cube: warned about, throttled) carry a cube resting at the table's centre and
-  count `cube_state.no_target`.
+  `task_instruction_topic` (`cube_state: target_m`: the same with the offsets in metres,
+  `TARGET_METRES_STATE_NAMES`, `workcell_cubes.CubeTargetMetresState`). Frames without a
+  target (no instruction yet, or one that names no workcell cube: warned about, throttled)
+  carry a cube resting at the table's centre and count `cube_state.no_target`.
 - Each instruction published on `task_instruction_topic` (latched: the inference node's
   instruction in use; the same text again is a new task too) starts a new task for the cube
   state, as each training episode starts a fresh one: the tracker begins afresh (the poses'
@@ -51,11 +52,11 @@ Invariants:
   reset the node learns of after its tracker saw an image from before it restarts the tracker
   (`cube_state.restarted_at_reset`); the instructed target is kept.
 - The episode status and the episode's instruction (through the inference node) arrive in
-  either order. With `cube_state: target`, a status whose instruction names another cube than
-  the current target holds every frame (`skipped.awaiting_instruction`) until an instruction
-  arrives, so no frame of the new episode carries the previous task's target; after
-  `reset_instruction_timeout_s` without one the frames go on with the current target (warned,
-  `cube_state.instruction_timeouts`).
+  either order. With `cube_state: target` (or `target_m`), a status whose instruction names
+  another cube than the current target holds every frame (`skipped.awaiting_instruction`)
+  until an instruction arrives, so no frame of the new episode carries the previous task's
+  target; after `reset_instruction_timeout_s` without one the frames go on with the current
+  target (warned, `cube_state.instruction_timeouts`).
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ class PerceptionNode(Node):
             self._cube_state = workcell_cubes.object_state(p["cube_state"])
         self._window = TaskWindow()  # when the cube state's task began (sim time)
         self._episode_id = 0  # the newest episode the status reported (0: none)
-        # Frames held from a reset until its episode's instruction (cube_state: target).
+        # Frames held from a reset until its episode's instruction (cube_state: target[_m]).
         self._instruction_wait = InstructionWait(p["reset_instruction_timeout_s"])
         self._out_size = get_model_config(p["model_preset"]).image_resolution  # (rows, cols)
         self._converted: dict[str, tuple[float, np.ndarray]] = {}  # camera -> (stamp, image)
@@ -395,7 +396,7 @@ class PerceptionNode(Node):
         self._instruction_wait.on_instruction()
         self.counters["cube_state.tasks"] += 1
         message = f"new task for the cube state ({msg.data[:80]!r})"
-        if self.params["cube_state"] == "target":
+        if self.params["cube_state"] in P.TARGET_CUBE_STATES:
             message += f", target {self._cube_state.target}"
         self.get_logger().info(message)
 
@@ -406,11 +407,13 @@ class PerceptionNode(Node):
             return  # before the first episode, or one already handled (latched again)
         self._episode_id = msg.episode_id
         self.counters["cube_state.resets"] += 1
-        target = self._cube_state.target if self.params["cube_state"] == "target" else None
+        target = (
+            self._cube_state.target if self.params["cube_state"] in P.TARGET_CUBE_STATES else None
+        )
         if self._window.on_reset(time_to_seconds(msg.header.stamp) - msg.elapsed_s):
             self._cube_state = self._fresh_cube_state(target)  # same target, new layout
             self.counters["cube_state.restarted_at_reset"] += 1
-        if self.params["cube_state"] == "target":
+        if self.params["cube_state"] in P.TARGET_CUBE_STATES:
             named, _ = self._named_cube(msg.instruction)
             self._instruction_wait.on_reset(named, target, now_s(self))
 
@@ -440,7 +443,7 @@ class PerceptionNode(Node):
     def _task_cube_state(self, text: str):
         """A fresh cube state for the task `text`; the target state's target is the workcell
         cube `text` names (none, warned, when it names no colour or one without a cube)."""
-        if self.params["cube_state"] != "target":
+        if self.params["cube_state"] not in P.TARGET_CUBE_STATES:
             return self._fresh_cube_state(None)
         named, reason = self._named_cube(text)
         if named is None:
@@ -448,7 +451,8 @@ class PerceptionNode(Node):
         return self._fresh_cube_state(named)
 
     def _fresh_cube_state(self, target: str | None):
-        """A fresh tracker of the configured kind (`cube_state`); `target` for "target" only."""
+        """A fresh tracker of the configured kind (`cube_state`); `target` for the target
+        states only."""
         from oxygen_ros.perception import workcell_cubes
 
         return workcell_cubes.object_state(self.params["cube_state"], target)
@@ -474,7 +478,7 @@ class PerceptionNode(Node):
             self.counters["cube_state.unseen"] += 1
         else:
             self._window.fed(frame.image_stamps[frame.slots.index(camera.slot)])
-        if self.params["cube_state"] == "target" and self._cube_state.target is None:
+        if self.params["cube_state"] in P.TARGET_CUBE_STATES and self._cube_state.target is None:
             self.counters["cube_state.no_target"] += 1
         if self._cube_joints is None:
             cubes = self._cube_state.update(image)

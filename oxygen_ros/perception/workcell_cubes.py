@@ -7,7 +7,8 @@ position it was last seen at (`CubeTracker`); one not seen since the episode beg
 table's centre. `cube_poses` gives each cube's full pose (height, yaw, start) from the same
 camera and the arms' measured joints (`cube_poses.CubePoses`), with the arms' forward
 kinematics read from the same MJCF; `CubeReachState` adds each cube's offset from each hand,
-`CubeTargetState` reports only the instructed cube (pose and offsets).
+`CubeTargetState` reports only the instructed cube (pose and offsets), `CubeTargetMetresState`
+the same with the offsets in metres.
 
 Invariants:
 - The same function gives training (recorded images) and serving (live images) the same
@@ -49,6 +50,11 @@ TARGET = "target"
 TARGET_STATE_NAMES: tuple[str, ...] = tuple(f"{TARGET}.{field}" for field in POSE_FIELDS) + tuple(
     f"{TARGET}.{arm}.{field}" for arm in robot.ARMS for field in REACH_FIELDS
 )
+# `CubeTargetMetresState`: the same, with the offsets in metres (not square-rooted)
+METRE_FIELDS = tuple(f"{field}_m" for field in REACH_FIELDS)
+TARGET_METRES_STATE_NAMES: tuple[str, ...] = tuple(
+    f"{TARGET}.{field}" for field in POSE_FIELDS
+) + tuple(f"{TARGET}.{arm}.{field}" for arm in robot.ARMS for field in METRE_FIELDS)
 TABLE_CENTRE_XY = tuple(float(np.mean(r)) for r in tasks.TABLE_REGION)
 # `POSE_FIELDS` of a cube resting at the table's centre, unmoved, yaw 0: every cube before the
 # first image, and the target state's cube when the instruction names none
@@ -133,19 +139,22 @@ def episode_cube_states(top_images: np.ndarray) -> np.ndarray:
 
 
 # What follows the joints in the state: nothing, the cubes' positions, their poses, their
-# poses and where each is from each hand, or only the instructed cube's pose and offsets.
-OBJECT_STATES = ("", "positions", "poses", "reach", "target")
+# poses and where each is from each hand, or only the instructed cube's pose and offsets (as
+# sign(d) * sqrt(|d|), or with target_m in metres).
+OBJECT_STATES = ("", "positions", "poses", "reach", "target", "target_m")
+# The object states told the instructed cube (`object_state`'s `target`)
+TARGET_KINDS = ("target", "target_m")
 
 
 def object_state(
     kind: str, target: str | None = None, follow_partial_views: bool = True
 ) -> CubeState | CubePoseState | None:
     """A fresh per-episode source of the state's object part (`update(image, joints)`);
-    `target` (a `CUBE_NAMES` entry, for "target" only) is the instructed cube;
+    `target` (a `CUBE_NAMES` entry, for `TARGET_KINDS` only) is the instructed cube;
     `follow_partial_views` goes to the pose tracker (`cube_poses`; not read by "positions")."""
     if kind not in OBJECT_STATES:
         raise ValueError(f"object state must be one of {OBJECT_STATES}, got {kind!r}")
-    if target is not None and kind != "target":
+    if target is not None and kind not in TARGET_KINDS:
         raise ValueError(f"only the target state takes a target, not {kind!r}")
     if kind == "positions":
         return CubeState()
@@ -155,6 +164,8 @@ def object_state(
         return CubeReachState(follow_partial_views=follow_partial_views)
     if kind == "target":
         return CubeTargetState(target, follow_partial_views=follow_partial_views)
+    if kind == "target_m":
+        return CubeTargetMetresState(target, follow_partial_views=follow_partial_views)
     return None
 
 
@@ -162,8 +173,8 @@ def episode_object_states(
     kind: str, top_images: np.ndarray, joints: np.ndarray, target: str | None = None
 ) -> np.ndarray:
     """[T, K] float32: the object part (`OBJECT_STATES`) of one episode's states, from its
-    recorded top-camera frames [T, H, W, 3] and measured joints [T, 14] (and, for "target",
-    the instructed cube's name)."""
+    recorded top-camera frames [T, H, W, 3] and measured joints [T, 14] (and, for
+    `TARGET_KINDS`, the instructed cube's name)."""
     if not kind:
         raise ValueError(f"object state must be one of {OBJECT_STATES[1:]}, got {kind!r}")
     if kind == "positions":
@@ -254,6 +265,7 @@ class CubeTargetState(CubePoseState):
     table's centre, unmoved, yaw 0 (`RESTING_AT_CENTRE`, as before the first image)."""
 
     names = TARGET_STATE_NAMES
+    metres = False  # the offsets as sign(d) * sqrt(|d|) (`reach_offsets`)
 
     def __init__(
         self,
@@ -269,18 +281,29 @@ class CubeTargetState(CubePoseState):
     def update(self, image: np.ndarray | None, joints: np.ndarray) -> np.ndarray:
         poses = super().update(image, joints).reshape(len(CUBE_NAMES), len(POSE_FIELDS))
         pose = RESTING_AT_CENTRE if self.target is None else poses[CUBE_NAMES.index(self.target)]
-        return np.concatenate([pose, reach_offsets(pose, joints)])
+        return np.concatenate([pose, reach_offsets(pose, joints, self.metres)])
 
 
-def reach_offsets(poses: np.ndarray, joints: np.ndarray) -> np.ndarray:
+class CubeTargetMetresState(CubeTargetState):
+    """`CubeTargetState` with each offset from a hand in metres, d itself rather than sign(d)
+    * sqrt(|d|): `TARGET_METRES_STATE_NAMES`. An MLP fit on the demonstrations alone acts on
+    these and not on the roots (docs/TRAINING.md, "The demonstrations alone, again")."""
+
+    names = TARGET_METRES_STATE_NAMES
+    metres = True
+
+
+def reach_offsets(poses: np.ndarray, joints: np.ndarray, metres: bool = False) -> np.ndarray:
     """[3 * len(robot.ARMS) per cube] float32: the reach part of `CubeReachState` (per cube
     and arm) from pose rows (`POSE_FIELDS` per cube, any number of cubes) and the 14 measured
-    joints."""
+    joints; with `metres` the offsets d themselves instead of sign(d) * sqrt(|d|)."""
     rows = np.asarray(poses, np.float64).reshape(-1, len(POSE_FIELDS))
     q = np.asarray(joints, np.float64)
     pinches = np.stack([hands()[arm](q)[1] for arm in robot.ARMS])  # [arms, 3]
     d = rows[:, None, :3] - pinches[None, :, :]  # [cubes, arms, 3]
-    return (np.sign(d) * np.sqrt(np.abs(d))).reshape(-1).astype(np.float32)
+    if not metres:
+        d = np.sign(d) * np.sqrt(np.abs(d))
+    return d.reshape(-1).astype(np.float32)
 
 
 def episode_cube_pose_states(

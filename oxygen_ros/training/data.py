@@ -75,6 +75,7 @@ OBJECT_STATE_PRESETS = {
     "poses": "workcell_poses",
     "reach": "workcell_reach_bins",
     "target": "workcell_target_bins",
+    "target_m": "workcell_target_m_bins",
 }
 # Every workcell preset and the object state its prompt budget was sized for
 # (workcell_poses_bins: the poses at one token per number, tokenizer.STATE_BINS_TOKENIZER_PATH).
@@ -88,6 +89,7 @@ PRESET_TOKENIZERS = {
     "workcell_poses_bins": STATE_BINS_TOKENIZER_PATH,
     "workcell_reach_bins": STATE_BINS_TOKENIZER_PATH,
     "workcell_target_bins": STATE_BINS_TOKENIZER_PATH,
+    "workcell_target_m_bins": STATE_BINS_TOKENIZER_PATH,
     "workcell_target_wide": STATE_BINS_TOKENIZER_PATH,
 }
 
@@ -563,9 +565,10 @@ def drop_state(rows: dict[str, object], drop: np.ndarray) -> dict[str, object]:
 
 
 def target_of(object_state: str, spec: tasks.EpisodeSpec) -> str | None:
-    """The cube an object state source must be told about: the instructed one for "target"
-    (as the perception node learns it from the instruction), None for the others."""
-    return spec.target if object_state == "target" else None
+    """The cube an object state source must be told about: the instructed one for
+    `workcell_cubes.TARGET_KINDS` (as the perception node learns it from the instruction),
+    None for the others."""
+    return spec.target if object_state in workcell_cubes.TARGET_KINDS else None
 
 
 def object_state_of(preset: str) -> str:
@@ -596,7 +599,8 @@ def model_preset(preset: str, object_state: str) -> str:
 
 
 def add_object_state_argument(parser: argparse.ArgumentParser) -> None:
-    """`--object-state [positions|poses|reach|target]` (alone: positions; absent: none) and
+    """`--object-state [positions|poses|reach|target|target_m]` (alone: positions; absent:
+    none) and
     `--preset` (the checkpoint's model preset; empty: the object state's default, see
     `model_preset`)."""
     parser.add_argument(
@@ -614,5 +618,6 @@ def add_object_state_argument(parser: argparse.ArgumentParser) -> None:
         choices=[kind for kind in workcell_cubes.OBJECT_STATES if kind],
         help="what follows the joints in the state: the cubes' positions (the default when "
         "given alone), poses, poses and each cube's offset from each hand (reach), or the "
-        "instructed cube's pose and offsets alone (target); preset: data.OBJECT_STATE_PRESETS",
+        "instructed cube's pose and offsets alone (target; target_m: the offsets in metres); "
+        "preset: data.OBJECT_STATE_PRESETS",
     )

@@ -373,7 +373,9 @@ def test_a_reset_holds_frames_until_its_instruction_arrives(launcher, ros_node, 
     (which comes through the inference node): no frame between them carries the previous
     task's target. Frames wait (counted) until the instruction; a reset whose instruction never
     comes releases them after `reset_instruction_timeout_s` with the current target (warned):
-    the positive control of the check that no frame after a reset has the old target."""
+    the positive control of the check that no frame after a reset has the old target. Run with
+    `cube_state: target_m` (the target state with its offsets in metres; the node holds and
+    names the target as for `target`): its frames carry those names and offsets."""
     from std_msgs.msg import String
 
     from oxygen_ros.msg import EpisodeStatus
@@ -384,7 +386,7 @@ def test_a_reset_holds_frames_until_its_instruction_arrives(launcher, ros_node, 
     override = tmp_path / "override.yaml"
     override.write_text(
         OVERRIDES
-        + "    cube_state: target\n    task_instruction_topic: c_instruction\n"
+        + "    cube_state: target_m\n    task_instruction_topic: c_instruction\n"
         + f"    episode_status_topic: c_status\n    reset_instruction_timeout_s: {timeout_s}\n"
     )
     node = ros_node.node
@@ -429,6 +431,12 @@ def test_a_reset_holds_frames_until_its_instruction_arrives(launcher, ros_node, 
 
         instruction.publish(String(data="pick up the red cube"))
         wait_for(lambda: at(frames[-1], "red_cube"), 10, "the red cube as target")
+        names = [*robot.JOINT_NAMES, *workcell_cubes.TARGET_METRES_STATE_NAMES]
+        assert list(frames[-1].joint_names) == names
+        width = len(workcell_cubes.POSE_FIELDS)
+        state = cubes_of(frames[-1])
+        metres = workcell_cubes.reach_offsets(state[:width], robot.HOME, metres=True)
+        np.testing.assert_allclose(state[width:], metres, atol=1e-5)
         # The reset first (its episode names the blue cube), then the instruction.
         held = counter(diags, "skipped.awaiting_instruction")
         first_reset = reset(1, "pick up the blue cube")

@@ -428,3 +428,15 @@ def test_delta_actions_round_trip_through_openpi_transforms_with_the_node_mask()
     np.testing.assert_array_equal(delta[:, outside], absolute[:, outside])
     back = Normalizer.absolute_actions(delta, state, mask)
     np.testing.assert_allclose(back, absolute, atol=1e-6)
+
+
+def test_perceptions_cube_states_are_the_workcells_object_states() -> None:
+    """`cube_state` takes exactly the workcell's object states, and the node tells the
+    instructed cube to exactly the states that take one (params keeps its own copies so that
+    loading parameters does not import the perception)."""
+    from oxygen_ros.perception import workcell_cubes
+
+    assert tuple(kind for kind in workcell_cubes.OBJECT_STATES if kind) == P.CUBE_STATES
+    assert P.TARGET_CUBE_STATES == workcell_cubes.TARGET_KINDS
+    for kind in P.CUBE_STATES:
+        workcell_cubes.object_state(kind, "red_cube" if kind in P.TARGET_CUBE_STATES else None)

@@ -267,6 +267,32 @@ def test_target_state_is_the_instructed_cubes_rows_of_the_reach_state(cell) -> N
         workcell_cubes.object_state("reach", cubes[0])
 
 
+def test_target_metres_state_is_the_target_state_with_its_offsets_squared_back(cell) -> None:
+    """`CubeTargetMetresState` ("target_m"): the target state's pose as it is and each offset
+    from a hand as d in metres where "target" stores sign(d) * sqrt(|d|); its names differ
+    only in those offsets' fields, so a checkpoint's layout tells the two apart."""
+    spec = tasks.sample_episode(0)
+    fields = len(workcell_cubes.POSE_FIELDS)
+    roots = workcell_cubes.TARGET_STATE_NAMES
+    metres = workcell_cubes.TARGET_METRES_STATE_NAMES
+    assert metres[:fields] == roots[:fields] and len(metres) == len(roots)
+    assert not set(metres[fields:]) & set(roots[fields:])
+    assert "target_m" in workcell_cubes.TARGET_KINDS
+    cell.reset(robot.HOME, spec.objects)
+    measured = cell.joint_positions()
+    image = cell.render(workcell_cubes.CAMERA)
+    for name in workcell_cubes.CUBE_NAMES:
+        root = workcell_cubes.object_state("target", name).update(image, measured)
+        state = workcell_cubes.object_state("target_m", name)
+        assert state.names == metres and state.target == name
+        got = state.update(image, measured)
+        np.testing.assert_array_equal(got[:fields], root[:fields])
+        d = np.sign(root[fields:]) * root[fields:].astype(np.float64) ** 2
+        np.testing.assert_allclose(got[fields:], d, atol=1e-6)
+        assert np.abs(got[fields:]).max() > 0.05  # metres differ from their roots here
+        assert not np.allclose(got[fields:], root[fields:], atol=1e-3)
+
+
 def _hide_half(image: np.ndarray, rows: np.ndarray, cols: np.ndarray, side: str) -> np.ndarray:
     """The image with the cube's pixels on one side of its centroid painted grey (a hand over
     that half)."""

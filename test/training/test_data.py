@@ -268,6 +268,7 @@ def test_target_state_is_each_episodes_instructed_cube_and_served_alike(tmp_path
         ("workcell_poses_bins", STATE_BINS_TOKENIZER_PATH),
         ("workcell_reach_bins", STATE_BINS_TOKENIZER_PATH),
         ("workcell_target_bins", STATE_BINS_TOKENIZER_PATH),
+        ("workcell_target_m_bins", STATE_BINS_TOKENIZER_PATH),
     ],
 )
 def test_the_presets_prompt_budget_holds_the_longest_prompt(preset, tokenizer_path) -> None:
@@ -332,6 +333,15 @@ def test_a_checkpoints_preset_must_fit_its_object_state() -> None:
     assert data.model_preset("", "target") == "workcell_target_bins"
     with pytest.raises(ValueError, match="sized for"):
         data.model_preset("workcell_reach_bins", "target")
+    # The target state in metres has its own preset (the same shape), so a checkpoint says
+    # which offsets it reads.
+    assert data.model_preset("", "target_m") == "workcell_target_m_bins"
+    for preset, kind in (
+        ("workcell_target_bins", "target_m"),
+        ("workcell_target_m_bins", "target"),
+    ):
+        with pytest.raises(ValueError, match="sized for"):
+            data.model_preset(preset, kind)
     # Training checks the same pairing, and takes the tokenizer the preset is sized for
     # unless told otherwise.
     config = TrainConfig("d", "o", preset="workcell_poses_bins", object_state="poses")
@@ -485,6 +495,7 @@ def test_state_layout_names_what_each_object_state_appends() -> None:
         ("", ()),
         ("positions", workcell_cubes.STATE_NAMES),
         ("target", workcell_cubes.TARGET_STATE_NAMES),
+        ("target_m", workcell_cubes.TARGET_METRES_STATE_NAMES),
     ):
         layout = data.state_layout(kind)
         assert layout.joint_names == robot.JOINT_NAMES
