@@ -138,10 +138,12 @@ class Perception:
         height, width = image.shape[:2]
         if self.kind != "tracked":
             if self.poses is None:
-                self.poses = workcell_cubes.cube_poses(width, height)
-                if self.kind == "whole":
-                    self.poses.hands = {}
-                self.poses.follow_partial_views = self.kind == "inhand"
+                self.poses = workcell_cubes.cube_poses(
+                    width,
+                    height,
+                    follow_partial_views=self.kind == "inhand",
+                    with_hands=self.kind != "whole",
+                )
             pose = self.poses.update(image, workcell.joint_positions())[target]
             return np.r_[pose.xy, pose.z], pose.yaw, pose.start
         state = self.cubes.update(image)

@@ -609,6 +609,11 @@ def test_privileged_whole_views_keep_the_cube_under_a_descending_gripper(privile
     assert seen["inhand"].poses.follow_partial_views
     for kind in ("whole", "inhand_whole"):
         assert not seen[kind].poses.follow_partial_views
+    # "whole" reads the images alone; the others take the hands' account of a held cube
+    assert not seen["whole"].poses.hands
+    assert (
+        set(seen["inhand"].poses.hands) == set(seen["inhand_whole"].poses.hands) == set(robot.ARMS)
+    )
     assert max(tracked_err) > 0.005
     assert max(whole_err) < 0.003
     assert max(whole_yaw_err) < np.sin(np.radians(10))

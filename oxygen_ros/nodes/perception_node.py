@@ -396,7 +396,7 @@ class PerceptionNode(Node):
         self._instruction_wait.on_instruction()
         self.counters["cube_state.tasks"] += 1
         message = f"new task for the cube state ({msg.data[:80]!r})"
-        if self.params["cube_state"] in P.TARGET_CUBE_STATES:
+        if self._names_target:
             message += f", target {self._cube_state.target}"
         self.get_logger().info(message)
 
@@ -407,13 +407,11 @@ class PerceptionNode(Node):
             return  # before the first episode, or one already handled (latched again)
         self._episode_id = msg.episode_id
         self.counters["cube_state.resets"] += 1
-        target = (
-            self._cube_state.target if self.params["cube_state"] in P.TARGET_CUBE_STATES else None
-        )
+        target = self._cube_state.target if self._names_target else None
         if self._window.on_reset(time_to_seconds(msg.header.stamp) - msg.elapsed_s):
             self._cube_state = self._fresh_cube_state(target)  # same target, new layout
             self.counters["cube_state.restarted_at_reset"] += 1
-        if self.params["cube_state"] in P.TARGET_CUBE_STATES:
+        if self._names_target:
             named, _ = self._named_cube(msg.instruction)
             self._instruction_wait.on_reset(named, target, now_s(self))
 
@@ -430,6 +428,12 @@ class PerceptionNode(Node):
             )
         return holds
 
+    @property
+    def _names_target(self) -> bool:
+        """Whether the cube state is a target state (`cube_state` in `TARGET_CUBE_STATES`): the
+        instructions name its cube."""
+        return self.params["cube_state"] in P.TARGET_CUBE_STATES
+
     @staticmethod
     def _named_cube(text: str) -> tuple[str | None, str]:
         """(the workcell cube an instruction names, "") or (None, why it names none)."""
@@ -443,7 +447,7 @@ class PerceptionNode(Node):
     def _task_cube_state(self, text: str):
         """A fresh cube state for the task `text`; the target state's target is the workcell
         cube `text` names (none, warned, when it names no colour or one without a cube)."""
-        if self.params["cube_state"] not in P.TARGET_CUBE_STATES:
+        if not self._names_target:
             return self._fresh_cube_state(None)
         named, reason = self._named_cube(text)
         if named is None:
@@ -478,7 +482,7 @@ class PerceptionNode(Node):
             self.counters["cube_state.unseen"] += 1
         else:
             self._window.fed(frame.image_stamps[frame.slots.index(camera.slot)])
-        if self.params["cube_state"] in P.TARGET_CUBE_STATES and self._cube_state.target is None:
+        if self._names_target and self._cube_state.target is None:
             self.counters["cube_state.no_target"] += 1
         if self._cube_joints is None:
             cubes = self._cube_state.update(image)

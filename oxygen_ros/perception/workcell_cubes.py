@@ -113,15 +113,17 @@ def cube_poses(
     height: int,
     grasp: GraspConfig | None = None,
     follow_partial_views: bool = True,
+    with_hands: bool = True,
 ) -> CubePoses:
     """Every cube's pose from top-camera images of width x height and the measured joints
     (`follow_partial_views`: `CubePoses`'s; False reads whole views only, the tracker before
-    2026-11-29, for comparisons)."""
+    2026-11-29, for comparisons; `with_hands` False: no hand's account of a held cube, the
+    images alone)."""
     return CubePoses(
         detector(width, height),
         CUBE_NAMES,
         TABLE_CENTRE_XY,
-        hands(),
+        hands() if with_hands else {},
         grasp or GraspConfig(),
         follow_partial_views=follow_partial_views,
     )
