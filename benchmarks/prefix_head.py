@@ -56,9 +56,15 @@ from oxygen_ros.training.train import engine_config
 FEATURES = ("cache", "state", "bins", "linear")
 
 
-def cache_features(engine: Engine, tokens: np.ndarray, token_mask: np.ndarray) -> np.ndarray:
-    """[B, F] float32: the prefix's keys and values at the prompt's tokens, every layer, with
-    the valid tokens right-aligned in `max_token_len` places (padding zero); cameras masked."""
+def cache_features(
+    engine: Engine,
+    tokens: np.ndarray,
+    token_mask: np.ndarray,
+    layers: Sequence[int] | None = None,
+) -> np.ndarray:
+    """[B, F] float32: the prefix's keys and values at the prompt's tokens, at `layers` (None:
+    every layer), with the valid tokens right-aligned in `max_token_len` places (padding
+    zero); cameras masked."""
     import jax.numpy as jnp
 
     model_config = engine.config.model
@@ -71,6 +77,8 @@ def cache_features(engine: Engine, tokens: np.ndarray, token_mask: np.ndarray) -
     length = tokens.shape[1]
     k = np.asarray(prefix.k)[:, :, -length:]  # [L, B, T, K, H]: the prompt's places
     v = np.asarray(prefix.v)[:, :, -length:]
+    if layers is not None:
+        k, v = k[list(layers)], v[list(layers)]
     kv = np.concatenate([k, v], axis=-1)  # [L, B, T, K, 2H]
     kv = np.moveaxis(kv, 1, 0).reshape(batch, kv.shape[0], length, -1)  # [B, L, T, F]
     out = np.zeros_like(kv)
@@ -111,7 +119,12 @@ def linear_offsets(states: np.ndarray) -> np.ndarray:
 
 
 def features_of(
-    engine: Engine, samples: data.Samples, eps: data.Episodes, kind: str, batch_size: int = 64
+    engine: Engine,
+    samples: data.Samples,
+    eps: data.Episodes,
+    kind: str,
+    batch_size: int = 64,
+    layers: Sequence[int] | None = None,
 ) -> np.ndarray:
     if kind != "cache":
         instructions = [eps.specs[int(e)].instruction for e in eps.episode]
@@ -124,7 +137,7 @@ def features_of(
             pad = batch_size - len(tokens)
             tokens = np.concatenate([tokens, np.repeat(tokens[-1:], pad, axis=0)])
             mask = np.concatenate([mask, np.repeat(mask[-1:], pad, axis=0)])
-        parts.append(cache_features(engine, tokens, mask)[: len(samples.tokens[part])])
+        parts.append(cache_features(engine, tokens, mask, layers)[: len(samples.tokens[part])])
     return np.concatenate(parts)
 
 
@@ -147,6 +160,7 @@ class CacheHead:
     kind: str = "cache"  # what the MLP reads: cache, state or bins (FEATURES)
     flow_steps: int = 0  # > 0: the MLP is a flow-matching velocity field sampled from noise
     noise_scale: float = 1.0  # the flow's starting noise times this (0: from zero)
+    layers: tuple[int, ...] | None = None  # the cache's layers it reads (None: every layer)
 
     def reset(self, workcell, spec) -> None:
         pass
@@ -172,7 +186,7 @@ class CacheHead:
         if self.kind == "cache":
             inputs = self.engine.prepare_inputs(observation)
             tokens, mask = np.asarray(inputs.tokens), np.asarray(inputs.token_mask)
-            features = cache_features(self.engine, tokens, mask)
+            features = cache_features(self.engine, tokens, mask, self.layers)
         else:
             features = state_features(
                 self.engine, observation.state[None], [observation.prompt], self.kind
@@ -204,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--flow-steps", type=int, default=0, help="> 0: a flow head (openpi's)")
     parser.add_argument("--flow-draws", type=int, default=1, help="(noise, time) per sample")
     parser.add_argument("--noise-scale", type=float, default=1.0, help="0: sample from zero")
+    parser.add_argument("--layers", default="", help="cache layers read, e.g. 0,1 ('' = all)")
     parser.add_argument("--seeds", default="0:120", help="closed-loop seeds ('' = none)")
     parser.add_argument("--workers", type=int, default=2, help="episode readers")
     parser.add_argument("--out", required=True)
@@ -217,8 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     train_s, held_s, (train_eps, heldout_eps) = expert_stage.load_samples(
         engine, args.data, args.preset, args.object_state, args.heldout, args.workers
     )
-    x_train = features_of(engine, train_s, train_eps, args.features)
-    x_held = features_of(engine, held_s, heldout_eps, args.features)
+    layers = tuple(int(x) for x in args.layers.split(",")) if args.layers else None
+    x_train = features_of(engine, train_s, train_eps, args.features, layers=layers)
+    x_held = features_of(engine, held_s, heldout_eps, args.features, layers=layers)
     print(f"features {x_train.shape} in {time.monotonic() - started:.0f} s", flush=True)
     y_train = train_s.actions[..., : robot.NUM_JOINTS].reshape(len(train_s), -1)
     stats = feature_stats(x_train, args.min_std)
@@ -235,7 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     else:
         params, _ = state_policy.train(batches, sizes, args.steps, 1e-3, 512, args.seed)
-    head = CacheHead(engine, params, stats, args.features, args.flow_steps, args.noise_scale)
+    head = CacheHead(
+        engine, params, stats, args.features, args.flow_steps, args.noise_scale, layers
+    )
     normalizer = engine.normalizer
     predicted = normalizer.unnormalize_actions(head.predict(x_held))
     want = normalizer.unnormalize_actions(held_s.actions[..., : robot.NUM_JOINTS])

@@ -75,6 +75,7 @@ class StageConfig:
     steps: int = 6000
     batch_size: int = 128
     action_draws: int = 4  # (noise, time) draws per row against its cache
+    noise_scale: float = 1.0  # the flow's training noise times this (0: the path from zero)
     peak_lr: float = 1e-3
     end_lr: float = 2e-5
     warmup_steps: int = 200
@@ -93,6 +94,8 @@ class StageConfig:
             raise ValueError("steps, batch_size and action_draws must be >= 1")
         if not 0.0 <= self.image_dropout <= 1.0:
             raise ValueError(f"image_dropout must be in [0, 1], got {self.image_dropout}")
+        if not 0.0 <= self.noise_scale <= 1.0:
+            raise ValueError(f"noise_scale must be in [0, 1], got {self.noise_scale}")
 
     @property
     def served_preset(self) -> str:
@@ -150,6 +153,7 @@ class _Statics:
     model_config: ModelConfig
     optimizer: _train.OptimizerSettings
     action_draws: int
+    noise_scale: float = 1.0
 
 
 class _StageFns:
@@ -183,7 +187,10 @@ class _StageFns:
         return nnx.merge(self.graphdef, jax.tree.unflatten(self.treedef, leaves))
 
     def _losses(self, params, frozen, rng, prefix: model_fns.Prefix, actions):
-        _, x_t, u_t, time = _loss.flow_inputs(rng, actions, self.statics.action_draws)
+        statics = self.statics
+        _, x_t, u_t, time = _loss.flow_inputs(
+            rng, actions, statics.action_draws, statics.noise_scale
+        )
         v_t = _loss.draw_velocities(self.model(params, frozen), prefix, x_t, time)
         return _loss.flow_loss(v_t, u_t)
 
@@ -212,7 +219,12 @@ class ExpertTrainer:
 
     def __init__(self, model: Pi05Model, config: StageConfig) -> None:
         self._fns = _stage_fns(
-            _Statics(model.config, _train.OptimizerSettings.of(config), config.action_draws)
+            _Statics(
+                model.config,
+                _train.OptimizerSettings.of(config),
+                config.action_draws,
+                config.noise_scale,
+            )
         )
         leaves, treedef = jax.tree.flatten(nnx.state(model))
         if treedef != self._fns.treedef:

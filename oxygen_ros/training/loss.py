@@ -68,15 +68,24 @@ class Losses(NamedTuple):
 
 
 def flow_inputs(
-    rng: jax.Array, actions: Float[Array, "b a j"], draws: int = 1
+    rng: jax.Array, actions: Float[Array, "b a j"], draws: int = 1, noise_scale: float = 1.0
 ) -> tuple[jax.Array, Float[Array, "k b a j"], Float[Array, "k b a j"], Float[Array, "k b"]]:
     """openpi's draws for one batch: (preprocess rng, x_t, u_t, time), `draws` independent
-    (noise, time) pairs per row; with one draw, exactly openpi's (same rng split and shapes)."""
+    (noise, time) pairs per row; with one draw, exactly openpi's (same rng split and shapes).
+
+    `noise_scale` multiplies the noise (1: openpi's). 0 trains the flow from zero noise, the
+    path the engine samples with `action_noise_scale` 0: x_t = (1 - t) a and u_t = -a at every
+    t, so Euler steps from zero stay on the line to the chunk and the head acts as a regression
+    on the prefix (what the closed loop rewarded in the MLPs, docs/TRAINING.md)."""
     if draws < 1:
         raise ValueError(f"need draws >= 1, got {draws}")
+    if not 0.0 <= noise_scale <= 1.0:
+        raise ValueError(f"noise_scale must be in [0, 1], got {noise_scale}")
     preprocess_rng, noise_rng, time_rng = jax.random.split(rng, 3)
     shape = actions.shape if draws == 1 else (draws, *actions.shape)
     noise = jax.random.normal(noise_rng, shape).reshape(draws, *actions.shape)
+    if noise_scale != 1.0:  # 1 leaves openpi's draws bit for bit
+        noise = noise_scale * noise
     time = jax.random.beta(time_rng, 1.5, 1, shape[:-2]) * 0.999 + 0.001
     time = time.reshape(draws, actions.shape[0])
     expanded = time[..., None, None]
@@ -141,9 +150,16 @@ def forward(
     vocab_size: int,
     augment: bool = False,
     action_draws: int = 1,
+    insulate: bool = False,
 ) -> Forward:
     """[prefix | language block] once, then `action_draws` noisy action chunks per row, each
-    reading that pass's KV (the engine's prefill + denoise layout)."""
+    reading that pass's KV (the engine's prefill + denoise layout).
+
+    `insulate`: the action pass reads the prefix's keys and values through a stop-gradient, so
+    the action loss trains only the action expert and the prefix learns from the language
+    targets alone (the knowledge insulation of Driess et al. 2025, the pi0.5 team's: there the
+    backbone also learns discretised actions, here it does not). The forward values are the
+    same either way."""
     preprocess_rng, x_t, u_t, time = flow_inputs(rng, batch.actions, action_draws)
     images = _preprocess_images(model, preprocess_rng, batch, augment)
     prefix, prefix_mask, _ = model.embed_prefix(
@@ -158,6 +174,8 @@ def forward(
     # The engine's action expert over this cache, the language block masked out of it (actions
     # never attend it).
     cache_mask = jnp.concatenate([prefix_mask, jnp.zeros_like(batch.lang_mask)], axis=1)
+    if insulate:
+        k, v = jax.lax.stop_gradient(k), jax.lax.stop_gradient(v)
     v_t = draw_velocities(model, model_fns.Prefix(k, v, cache_mask), x_t, time)
     return Forward(v_t, u_t, logits)
 
@@ -195,10 +213,17 @@ def compute_losses(
     vocab_size: int,
     augment: bool = False,
     action_draws: int = 1,
+    insulate: bool = False,
 ) -> Losses:
     """Per-row action loss (the mean over the draws) and per-token language loss."""
     out = forward(
-        model, rng, batch, vocab_size=vocab_size, augment=augment, action_draws=action_draws
+        model,
+        rng,
+        batch,
+        vocab_size=vocab_size,
+        augment=augment,
+        action_draws=action_draws,
+        insulate=insulate,
     )
     action = flow_loss(out.v_t, out.u_t)
     nll = optax.softmax_cross_entropy_with_integer_labels(out.logits, batch.lang_labels)

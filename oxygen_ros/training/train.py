@@ -106,6 +106,9 @@ class TrainConfig:
     clip_norm: float = 1.0
     language_weight: float = 0.25
     action_draws: int = 1  # (noise, time) draws per sample in training (loss.forward)
+    # the action loss reaches only the action expert (loss.forward's insulate): the prefix
+    # learns from the language targets alone
+    insulate_prefix: bool = False
     # > 0: evaluate and save an exponential moving average of the parameters, updated after
     # every step (openpi's TrainConfig.ema_decay: 0.99 there); 0: the last step's parameters
     ema_decay: float = 0.0
@@ -247,6 +250,7 @@ class _Statics:
     language_weight: float
     augment: bool
     action_draws: int
+    insulate_prefix: bool = False
 
 
 class _Compiled:
@@ -285,6 +289,7 @@ class _Compiled:
             vocab_size=self.statics.vocab_size,
             augment=augment,
             action_draws=action_draws,
+            insulate=self.statics.insulate_prefix,
         )
 
     def _step(self, params, opt_state, rng, batch: _loss.Batch):
@@ -338,7 +343,7 @@ class Trainer:
         self._fns = _compiled(
             _Statics(
                 model.config, vocab_size, OptimizerSettings.of(config), config.language_weight,
-                config.augment, config.action_draws,
+                config.augment, config.action_draws, config.insulate_prefix,
             )
         )  # fmt: skip
         leaves, treedef = jax.tree.flatten(nnx.state(model))

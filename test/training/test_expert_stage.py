@@ -170,6 +170,16 @@ def test_the_stage_loss_is_openpis_loss_read_from_the_cached_prefix(staged) -> N
     cached_blind = trainer.losses(rng, cache.take(index, np.ones(len(index), bool)), batch.actions)
     np.testing.assert_allclose(cached_blind, np.asarray(full_blind), rtol=2e-2, atol=1e-3)
     assert np.abs(np.asarray(full_blind) - np.asarray(full)).max() > 1e-3  # cameras matter
+    # noise_scale 0: the same expert trained on the path from zero noise (the engine's
+    # action_noise_scale 0): its loss is the flow's error against -a at x_t = (1 - t) a.
+    zero = expert_stage.ExpertTrainer(model, dataclasses.replace(config, noise_scale=0.0))
+    _, _, u_t, time = loss.flow_inputs(rng, batch.actions, 2)
+    line = (1 - time[..., None, None]) * batch.actions[None]
+    velocity = loss.draw_velocities(model, cache.take(index), line, time)
+    want = loss.flow_loss(velocity, -jnp.broadcast_to(batch.actions, u_t.shape))
+    got = zero.losses(rng, cache.take(index), batch.actions)
+    np.testing.assert_allclose(got, np.asarray(want), rtol=1e-4, atol=1e-5)
+    assert np.abs(got - cached).max() > 1e-2  # the control: with noise the loss differs
 
 
 def test_the_stage_changes_only_the_expert_and_keeps_the_assets(staged) -> None:
