@@ -704,6 +704,10 @@ def test_prefix_head_reads_the_prompts_cache_right_aligned() -> None:
         places = np.abs(row.reshape(layers, length, -1)).sum(axis=(0, 2))
         assert not places[: length - n].any()
         assert (places[length - n :] > 0).all()
+    # --layers: the same places of the chosen layers only, in the order asked.
+    per_layer = both.reshape(len(both), layers, -1)
+    chosen = head.cache_features(engine, tokens, masks, (layers - 1, 0))
+    np.testing.assert_allclose(chosen, per_layer[:, [layers - 1, 0]].reshape(len(both), -1))
     words = head.state_policy.instruction_features(texts[1])
     features = head.state_features(engine, state[None], [texts[1]], "bins")[0]
     np.testing.assert_array_equal(features[: len(words)], words)
@@ -748,3 +752,49 @@ def test_prefix_head_linear_features_turn_the_offsets_back_into_metres() -> None
     np.testing.assert_array_equal(got[:, ~offset], stored[:, ~offset])
     with pytest.raises(ValueError, match="target state"):
         head.linear_offsets(stored[:, :-1])
+
+
+def test_untrained_checkpoint_is_the_initialisation_with_a_trained_ones_assets(tmp_path) -> None:
+    """Every leaf is the preset's initialisation for the seed except the state-bin rows, which
+    are bin_embeddings' code with the frequencies asked (the control: another code differs);
+    the assets are the trained checkpoint's, byte for byte."""
+    import jax
+    import orbax.checkpoint as ocp
+    from flax import nnx
+
+    from oxygen_ros.engine.config import get_model_config
+    from oxygen_ros.engine.model import create_model
+    from oxygen_ros.engine.tokenizer import TOKENIZER_FILE, Tokenizer
+    from oxygen_ros.resources import resolve_path
+    from oxygen_ros.training import bin_embeddings, train
+
+    tool = load_benchmark("untrained_checkpoint")
+    like = Path(resolve_path("package://oxygen_ros/models/workcell_run38"))
+    preset = "workcell_target_bins"
+    outs = {}
+    for name, freqs in (("linear", "0.5"), ("default", "")):
+        outs[name] = tmp_path / name
+        args = ["--like", str(like), "--preset", preset, "--out", str(outs[name]), "--seed", "3"]
+        assert tool.main([*args, "--bin-frequencies", freqs] if freqs else args) == 0
+    with ocp.PyTreeCheckpointer() as checkpointer:
+        got = {k: checkpointer.restore(p / "params")["params"] for k, p in outs.items()}
+    init = nnx.to_pure_dict(nnx.state(create_model(get_model_config(preset), seed=3)))
+    ids = bin_embeddings.bin_token_ids(Tokenizer(str(like / "assets/workcell" / TOKENIZER_FILE)))
+    flat = {k: dict(jax.tree_util.tree_flatten_with_path(v)[0]) for k, v in got.items()}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(init)[0]:
+        mine = np.asarray(flat["linear"][path])
+        if train.leaf_names(path)[: len(train.EMBEDDING_PATH)] != train.EMBEDDING_PATH:
+            np.testing.assert_array_equal(mine, np.asarray(leaf))
+            continue
+        others = np.setdiff1d(np.arange(len(mine)), ids)
+        np.testing.assert_array_equal(mine[others], np.asarray(leaf)[others])
+        norm = float(np.mean(np.linalg.norm(np.asarray(leaf)[others], axis=1)))
+        want = bin_embeddings.smooth_bin_rows(mine.shape[1], norm, 3, (0.5,))
+        np.testing.assert_allclose(mine[ids], want, rtol=1e-5, atol=1e-6)
+        default = np.asarray(flat["default"][path])[ids]
+        assert np.abs(default - mine[ids]).max() > 1e-3
+    for name in ("norm_stats.json", TOKENIZER_FILE, "action_space.json", "state_layout.json"):
+        for out in outs.values():
+            assert (out / "assets/workcell" / name).read_bytes() == (
+                like / "assets/workcell" / name
+            ).read_bytes()

@@ -42,26 +42,31 @@ def bin_token_ids(tokenizer: Tokenizer) -> np.ndarray | None:
     return np.asarray(ids, np.int64)
 
 
-def smooth_bin_rows(width: int, row_norm: float, seed: int) -> np.ndarray:
+def smooth_bin_rows(
+    width: int, row_norm: float, seed: int, frequencies: tuple[float, ...] = FREQUENCIES
+) -> np.ndarray:
     """[257, width] float32 rows (state values -1 .. 255), each of norm `row_norm`, in the
-    order of their values."""
+    order of their values (`frequencies`: of the Fourier features; (0.5,) alone is a quarter
+    circle, nearly a linear code of the value)."""
     x = np.asarray(STATE_VALUES) / (NUM_STATE_BINS - 1)
-    angles = np.pi * np.outer(x, FREQUENCIES)
+    angles = np.pi * np.outer(x, frequencies)
     features = np.concatenate([np.cos(angles), np.sin(angles)], axis=1)  # [257, 2F]
     if features.shape[1] > width:
         raise ValueError(f"width {width} is below the {features.shape[1]} bin features")
     rng = np.random.default_rng(seed)
     basis, _ = np.linalg.qr(rng.standard_normal((width, features.shape[1])))  # orthonormal
     rows = features @ basis.T  # every feature row has norm sqrt(F)
-    return (rows * (row_norm / np.sqrt(len(FREQUENCIES)))).astype(np.float32)
+    return (rows * (row_norm / np.sqrt(len(frequencies)))).astype(np.float32)
 
 
-def with_smooth_bins(table: np.ndarray, ids: np.ndarray, seed: int) -> np.ndarray:
+def with_smooth_bins(
+    table: np.ndarray, ids: np.ndarray, seed: int, frequencies: tuple[float, ...] = FREQUENCIES
+) -> np.ndarray:
     """A copy of the embedding table [V, width] whose bin rows are `smooth_bin_rows`, at the
     mean norm of the table's other rows."""
     table = np.array(table, copy=True)
     others = np.ones(len(table), bool)
     others[ids] = False
     norm = float(np.mean(np.linalg.norm(table[others], axis=1)))
-    table[ids] = smooth_bin_rows(table.shape[1], norm, seed).astype(table.dtype)
+    table[ids] = smooth_bin_rows(table.shape[1], norm, seed, frequencies).astype(table.dtype)
     return table
