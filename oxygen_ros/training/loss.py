@@ -75,8 +75,8 @@ def flow_inputs(
 
     `noise_scale` multiplies the noise (1: openpi's). 0 trains the flow from zero noise, the
     path the engine samples with `action_noise_scale` 0: x_t = (1 - t) a and u_t = -a at every
-    t, so Euler steps from zero stay on the line to the chunk and the head acts as a regression
-    on the prefix (what the closed loop rewarded in the MLPs, docs/TRAINING.md)."""
+    t, so Euler steps from zero stay on the line to the chunk: the head is trained as a
+    deterministic function of the prefix, as a regression head is."""
     if draws < 1:
         raise ValueError(f"need draws >= 1, got {draws}")
     if not 0.0 <= noise_scale <= 1.0:
