@@ -22,7 +22,10 @@ first). Steps, on 2 CPU cores:
    With a tokenizer that has one piece per state bin (engine/tokenizer.
    STATE_BINS_TOKENIZER_PATH: the default `--tokenizer-path` of the presets sized for it,
    data.PRESET_TOKENIZERS), those value rows start in the bins' order
-   (training/bin_embeddings.py) unless training resumes from a checkpoint.
+   (training/bin_embeddings.py) unless training resumes from a checkpoint; `--bin-frequencies
+   0.5` starts them on one low Fourier frequency instead (nearly linear in the value) and
+   `--freeze-bin-rows` keeps them as they start. With `--insulate-prefix` the action loss
+   reaches only the action expert (loss.forward's insulate).
 4. Every `--eval-every` steps, on held-out samples: action loss, teacher-forced exact-match
    accuracy of each language kind, and the error of denoised actions (engine `prefill` +
    `denoise`, fixed noise) in radians; on the first frame of every held-out episode (robot at
@@ -109,6 +112,11 @@ class TrainConfig:
     # the action loss reaches only the action expert (loss.forward's insulate): the prefix
     # learns from the language targets alone
     insulate_prefix: bool = False
+    # the state-bin embedding rows' code at the start (bin_embeddings.smooth_bin_rows'
+    # Fourier frequencies, comma-separated; "" = bin_embeddings.FREQUENCIES; "0.5": a quarter
+    # circle, nearly linear in the value) and whether training keeps them as they start
+    bin_frequencies: str = ""
+    freeze_bin_rows: bool = False
     # > 0: evaluate and save an exponential moving average of the parameters, updated after
     # every step (openpi's TrainConfig.ema_decay: 0.99 there); 0: the last step's parameters
     ema_decay: float = 0.0
@@ -175,6 +183,8 @@ class TrainConfig:
             raise ValueError("need 0 <= image_dropout <= 1")
         if self.time_budget_s < 0:
             raise ValueError("need time_budget_s >= 0")
+        if any(f <= 0 for f in self.bin_code):
+            raise ValueError(f"bin frequencies must be > 0, got {self.bin_frequencies!r}")
         unknown = set(self.blinded_names) - set(_data.state_names(self.object_state))
         if unknown:
             raise ValueError(
@@ -186,6 +196,13 @@ class TrainConfig:
     def stage_weight_map(self) -> dict[int, float]:
         """`stage_weights` as {phase index: weight}."""
         return parse_stage_weights(self.stage_weights)
+
+    @property
+    def bin_code(self) -> tuple[float, ...]:
+        """The state-bin rows' Fourier frequencies (bin_embeddings.FREQUENCIES when unset)."""
+        if not self.bin_frequencies:
+            return bin_embeddings.FREQUENCIES
+        return tuple(float(f) for f in self.bin_frequencies.split(","))
 
     @property
     def blinded_names(self) -> tuple[str, ...]:
@@ -251,6 +268,11 @@ class _Statics:
     augment: bool
     action_draws: int
     insulate_prefix: bool = False
+    # the state-bin embedding rows' code at the start (bin_embeddings.smooth_bin_rows'
+    # Fourier frequencies, comma-separated; "" = bin_embeddings.FREQUENCIES; "0.5": a quarter
+    # circle, nearly linear in the value) and whether training keeps them as they start
+    bin_frequencies: str = ""
+    freeze_bin_rows: bool = False
 
 
 class _Compiled:
@@ -324,6 +346,11 @@ class _Compiled:
         return model_fns.denoise(model, prefix, noise, model.config.num_denoise_steps)
 
 
+@jax.jit
+def _set_rows(table: jax.Array, ids: jax.Array, rows: jax.Array) -> jax.Array:
+    return table.at[ids].set(rows)
+
+
 def _ema_update(ema, params, decay):
     """decay x ema + (1 - decay) x params, leaf by leaf."""
     return jax.tree.map(lambda old, new: decay * old + (1 - decay) * new, ema, params)
@@ -355,6 +382,7 @@ class Trainer:
         self.opt_state = self._fns.optimizer.init(self.params)
         # The average starts at the starting parameters (a copy: the step donates `params`).
         self.ema = [jnp.array(x, copy=True) for x in leaves] if config.ema_decay > 0 else None
+        self._frozen: tuple[jax.Array, jax.Array] | None = None  # (row ids, their values)
 
     @property
     def served_params(self) -> list:
@@ -375,10 +403,19 @@ class Trainer:
         if self.ema is not None:
             self.ema[self._fns.embedding] = jnp.asarray(table, current.dtype)
 
+    def freeze_rows(self, ids: np.ndarray) -> None:
+        """Keep the embedding rows `ids` as they are now through every later step."""
+        table = self.params[self._fns.embedding]
+        self._frozen = (jnp.asarray(ids), jnp.take(table, jnp.asarray(ids), axis=0))
+
     def step(self, rng: jax.Array, batch: _loss.Batch) -> dict[str, float]:
         self.params, self.opt_state, metrics = self._fns.step(
             self.params, self.opt_state, rng, batch
         )
+        if self._frozen is not None:
+            ids, rows = self._frozen
+            at = self._fns.embedding
+            self.params[at] = _set_rows(self.params[at], ids, rows)
         if self.ema is not None:
             self.ema = self._fns.ema(self.ema, self.params, jnp.float32(self.config.ema_decay))
         return {k: float(v) for k, v in metrics.items()}
@@ -879,10 +916,16 @@ def train(
     bins = bin_embeddings.bin_token_ids(tokenizer)
     smooth_bins = bins is not None and not config.init_from
     if smooth_bins:
+        table = trainer.embedding()
         trainer.replace_embedding(
-            bin_embeddings.with_smooth_bins(trainer.embedding(), bins, config.seed)
+            bin_embeddings.with_smooth_bins(table, bins, config.seed, config.bin_code)
         )
         logger.info("the tokenizer has one piece per state bin: their rows start in order")
+    if config.freeze_bin_rows:
+        if bins is None:
+            raise ValueError("freeze_bin_rows needs a tokenizer with one piece per state bin")
+        trainer.freeze_rows(bins)
+        logger.info("the state-bin rows stay as they start")
     rng = np.random.default_rng(config.seed)
     eval_index = np.random.default_rng(config.seed + 1).permutation(len(heldout_samples))
     eval_index = np.sort(eval_index[: config.eval_samples])

@@ -280,6 +280,34 @@ def test_state_bin_rows_start_in_order(demos_dir, tmp_path) -> None:
     np.testing.assert_allclose(table, expected, rtol=1e-5, atol=1e-7)
 
 
+def test_frozen_bin_rows_keep_the_code_they_start_with(demos_dir, tmp_path) -> None:
+    """--bin-frequencies 0.5 starts the state-bin rows at that code; --freeze-bin-rows keeps
+    them there through steps that change the other rows. The control: the same steps without
+    the freeze change the bin rows."""
+    tokenizer = Tokenizer(STATE_BINS_TOKENIZER_PATH)
+    ids = bin_embeddings.bin_token_ids(tokenizer)
+
+    def table(name: str, **overrides) -> np.ndarray:
+        out = tmp_path / name
+        train.train(_delta_bins_config(demos_dir, out, bin_frequencies="0.5", **overrides))
+        with ocp.PyTreeCheckpointer() as checkpointer:
+            params = checkpointer.restore(out / "params")["params"]
+        rows = np.asarray(params["PaliGemma"]["llm"]["embedder"]["input_embedding"])
+        return rows[: tokenizer.vocab_size]
+
+    start = table("start", time_budget_s=1e-9)  # one step at learning rate 0
+    expected = bin_embeddings.with_smooth_bins(start, ids, 0, (0.5,))
+    np.testing.assert_allclose(start, expected, rtol=1e-5, atol=1e-7)
+    frozen = table("frozen", freeze_bin_rows=True)
+    np.testing.assert_array_equal(frozen[ids], start[ids])
+    others = np.setdiff1d(np.arange(len(start)), ids)
+    assert np.abs(frozen[others] - start[others]).max() > 1e-6  # the steps trained the rest
+    trained = table("trained")
+    assert np.abs(trained[ids] - start[ids]).max() > 1e-6
+    with pytest.raises(ValueError, match="frequencies"):
+        train.TrainConfig(data_dir="d", out_dir="o", bin_frequencies="0.5,0")
+
+
 def test_delta_action_training_is_served_as_absolute_targets(demos_dir, tmp_path) -> None:
     """--delta-actions: chunks are learnt relative to the state with openpi's DeltaActions
     (norm stats of the deltas), the mask is written next to the norm stats, and the engine
