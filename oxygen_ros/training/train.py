@@ -268,11 +268,6 @@ class _Statics:
     augment: bool
     action_draws: int
     insulate_prefix: bool = False
-    # the state-bin embedding rows' code at the start (bin_embeddings.smooth_bin_rows'
-    # Fourier frequencies, comma-separated; "" = bin_embeddings.FREQUENCIES; "0.5": a quarter
-    # circle, nearly linear in the value) and whether training keeps them as they start
-    bin_frequencies: str = ""
-    freeze_bin_rows: bool = False
 
 
 class _Compiled:
