@@ -42,13 +42,10 @@ def untrained_params(
     if ids is None:
         raise ValueError("the tokenizer has no single piece per state bin")
     graphdef, state = nnx.split(model)
-    flat, treedef = jax.tree_util.tree_flatten_with_path(state)
-    leaves = []
-    for path, leaf in flat:
-        if train.leaf_names(path)[: len(train.EMBEDDING_PATH)] == train.EMBEDDING_PATH:
-            table = bin_embeddings.with_smooth_bins(np.asarray(leaf), ids, seed, frequencies)
-            leaf = jax.numpy.asarray(table, leaf.dtype)
-        leaves.append(leaf)
+    leaves, treedef = jax.tree.flatten(state)
+    index = train.embedding_leaf(model)
+    table = bin_embeddings.with_smooth_bins(np.asarray(leaves[index]), ids, seed, frequencies)
+    leaves[index] = jax.numpy.asarray(table, leaves[index].dtype)
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
     return nnx.to_pure_dict(nnx.state(model))
 

@@ -215,7 +215,7 @@ def leaf_names(path: Sequence) -> tuple[str, ...]:
     return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
 
-def _embedding_leaf(model: Pi05Model) -> int:
+def embedding_leaf(model: Pi05Model) -> int:
     """Index of the tied embedding table among the flattened state leaves."""
     flat = jax.tree_util.tree_flatten_with_path(nnx.state(model))[0]
     for i, (path, _) in enumerate(flat):
@@ -279,7 +279,7 @@ class _Compiled:
         abstract = abstract_model(statics.model_config)
         self.graphdef, state = nnx.split(abstract)
         leaves, self.treedef = jax.tree.flatten(state)
-        self.embedding = _embedding_leaf(abstract)
+        self.embedding = embedding_leaf(abstract)
         self.full_rows = leaves[self.embedding].shape[0]
         self.schedule, self.optimizer = make_optimizer(statics.optimizer)
         self.step = jax.jit(self._step, donate_argnums=(0, 1))
