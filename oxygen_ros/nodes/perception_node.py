@@ -183,12 +183,7 @@ class PerceptionNode(Node):
             SENSOR_QOS,
         )
         if self._cube_camera is not None:
-            self.create_subscription(
-                String,
-                p["task_instruction_topic"],
-                lambda msg: self._guarded(self._on_instruction, msg),
-                LATCHED_QOS,
-            )
+            # The status first: an executor that finds both ready takes them in this order.
             if p["episode_status_topic"]:
                 self.create_subscription(
                     EpisodeStatus,
@@ -196,6 +191,12 @@ class PerceptionNode(Node):
                     lambda msg: self._guarded(self._on_episode_status, msg),
                     LATCHED_QOS,
                 )
+            self.create_subscription(
+                String,
+                p["task_instruction_topic"],
+                lambda msg: self._guarded(self._on_instruction, msg),
+                LATCHED_QOS,
+            )
         self._frame_timer = self.create_timer(1.0 / p["observation_rate_hz"], self._on_frame_tick)
         self._diag_timer = self.create_timer(self._diag_period(), self._publish_diagnostics)
         self.params.add_listener(self._on_params)
@@ -279,6 +280,8 @@ class PerceptionNode(Node):
         except (ImageConversionError, RejectedInputError) as exc:
             self._reject(exc.reason, f"{camera.name} image: {exc}")
             return
+        if camera is self._cube_camera:
+            self._window.received(stamp)  # taken before any instruction handled from now on
         self.counters[f"images.{camera.name}"] += 1
         if self.params["convert_on_arrival"]:
             self._convert(camera, msg, stamp)  # off the frame's critical path

@@ -296,9 +296,11 @@ class WorkcellSimNode(Node):
             self._buffer.reset(robot.HOME)
             self._applied = robot.HOME.copy()
             episode_id = self._episode.start(spec, self._workcell.time, limit)
+            # The status (the reset's exact time) before the instruction: a node that handles
+            # them in the order sent never starts the task on its own lagging clock alone.
+            self._publish_status(self._workcell.time)
             if self.params["publish_instruction"]:
                 self._instruction_pub.publish(String(data=spec.instruction))
-            self._publish_status(self._workcell.time)
         self.counters["resets"] += 1
         self.get_logger().info(f"episode {episode_id} (seed {seed}): {spec.instruction!r}")
         return True, f"episode {episode_id}: {spec.instruction}", episode_id, spec.instruction

@@ -9,7 +9,12 @@ The receiving node's clock at the instruction is not enough on its own: the simu
 the instruction at the reset, right after the tick whose images carry the reset's own stamp, and
 a node may handle the instruction before the `/clock` message of that tick (the clock lags by a
 tick or more). The reset's time, which the simulator's episode status reports (its stamp minus
-the elapsed time), is exact; `TaskWindow` takes the later of the two.
+the elapsed time), is exact, but its message may be handled after the instruction, and a frame
+built in between would feed the tracker the old world (seen once in test_observation_parity, on
+a loaded machine). So the task also starts no earlier than the newest cube image the node had
+received when the instruction came: that image was taken before the instruction was handled,
+and the last tick before a reset is published before the reset's instruction. `TaskWindow`
+takes the latest of the three.
 
 The inference node's frame inbox (`nodes.engine_loop.FrameInbox`) keeps the start of its task
 with the same rule, for observation frames instead of images (it has no tracker, so it ignores
@@ -18,13 +23,14 @@ what `on_reset` returns): one rule and one clock-went-back bound for both nodes.
 Invariants:
 - `before_task(stamp)` holds for every stamp at or before the task's start (the image at the
   reset's own stamp was rendered before the reset); an instruction handled a little after a
-  reset (the clock lagging or not) starts the task no earlier than the reset.
+  reset (the clock lagging or not) starts the task no earlier than the reset, nor earlier than
+  the newest image `received` before it.
 - A reset is a new task for the tracker too (a new layout: `on_reset` returns True), unless
   the tracker began at or after it (its instruction came later) and saw only later images; so
   a reset known only after the tracker was fed an image at or before it restarts the tracker,
   and no image from before the reset stays in the task's state.
-- The clock may go back (a new simulator starts at 0): a start or reset more than
-  `MAX_LAG_S` ahead of a newer instruction or reset is dropped rather than blocking every
+- The clock may go back (a new simulator starts at 0): a start, reset or received image more
+  than `MAX_LAG_S` ahead of a newer instruction or reset is dropped rather than blocking every
   image from then on.
 """
 
@@ -45,12 +51,20 @@ class TaskWindow:
         self.start_s = -math.inf  # images stamped at or before this are not the task's
         self._reset_s = -math.inf  # the newest episode reset known
         self._fed_from = math.inf  # the oldest image stamp fed to the current tracker
+        self._received_s = -math.inf  # the newest image stamp received
+
+    def received(self, image_stamp: float) -> None:
+        """The node received an image stamped `image_stamp` (fed to the tracker or not)."""
+        if image_stamp > self._received_s or self._received_s > image_stamp + MAX_LAG_S:
+            self._received_s = image_stamp  # newer, or the clock went back
 
     def on_instruction(self, now_s: float) -> None:
         """A new task (with a fresh tracker) at the receiving clock's `now_s`."""
         if self._reset_s > now_s + MAX_LAG_S:  # a reset of a clock that went back since
             self._reset_s = -math.inf
-        self.start_s = max(now_s, self._reset_s)
+        if self._received_s > now_s + MAX_LAG_S:  # an image of a clock that went back since
+            self._received_s = -math.inf
+        self.start_s = max(now_s, self._reset_s, self._received_s)
         self._fed_from = math.inf
 
     def on_reset(self, reset_s: float) -> bool:

@@ -41,6 +41,33 @@ def test_a_lagging_clock_is_corrected_by_the_reset_whichever_comes_first() -> No
     assert not window.before_task(RESET + DT)
 
 
+def test_an_image_received_before_the_instruction_is_before_the_task() -> None:
+    """The instruction handled before the status and with the clock lagging two ticks (the
+    first-episode flake in test_observation_parity): the reset tick's image, received before
+    the instruction, stays out of the task although no reset is known yet."""
+    window = TaskWindow()
+    window.received(RESET - DT)
+    window.received(RESET)
+    window.on_instruction(RESET - 2 * DT)
+    assert window.before_task(RESET)
+    assert not window.before_task(RESET + DT)
+    # The positive control: the same order without the image received lets it in.
+    window = TaskWindow()
+    window.on_instruction(RESET - 2 * DT)
+    assert not window.before_task(RESET)
+    # An image of a clock that went back since (an old simulator's) does not hold the task.
+    window = TaskWindow()
+    window.received(RESET)
+    window.on_instruction(DT)
+    assert not window.before_task(2 * DT)
+    # nor does an old clock's newest image keep a new clock's images from counting as newer.
+    window = TaskWindow()
+    window.received(RESET)
+    window.received(DT)
+    window.on_instruction(0.0)
+    assert window.before_task(DT) and not window.before_task(2 * DT)
+
+
 def test_a_tracker_begun_after_the_reset_is_kept() -> None:
     """The workcell graph: the instruction passes through the inference node, so it arrives
     after the reset (clock ahead of it) and the status after that; the tracker saw only images
