@@ -18,7 +18,8 @@ from what the graph publishes:
 - with `--policy model`: language accuracy. Each finished subtask and narration request (final
   SpeechToken) and each memory entry is compared with what the phase the simulator state was
   in at the observation it was started from calls for (`sim.language.targets`: the stage label
-  itself, "step i of n with the <arm> arm", the fact the episode's events established), the
+  itself, "step i of n with the <arm> arm" with i and n as digits or words,
+  `sim.language.same_text`, the fact the episode's events established), the
   stage looked up in the sim's EpisodeStatus history at that observation stamp;
 - with `--policy model`: the inference node's frame time and token rate from its diagnostics
   (what separates the scheduler modes; `--scheduler` picks one).
@@ -242,8 +243,9 @@ def score_language(
             "memory": ("memories_written", "memories_correct"),
         }[kind]
         counts[said] += 1
-        counts[right] += int(text == want)
-        if len(examples) < 12 and (text != want or len(examples) < 4):
+        correct = language.same_text(text, want)
+        counts[right] += int(correct)
+        if len(examples) < 12 and (not correct or len(examples) < 4):
             examples.append(f"{kind}@{stamp - reset_s:.1f}s: {text!r} | {want!r}")
     return {**counts, "spoken_examples": tuple(examples)}
 

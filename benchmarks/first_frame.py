@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         workcell.close()
     summary = {
-        kind: float(np.mean([e["said"][kind] == e["expected"][kind] for e in episodes]))
+        kind: float(
+            np.mean([language.same_text(e["said"][kind], e["expected"][kind]) for e in episodes])
+        )
         for kind in ("subtask", "narration", "memory")
     }
     summary["arm"] = float(np.mean([e["moved_arm"] == e["arm"] for e in episodes]))

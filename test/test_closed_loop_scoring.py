@@ -41,6 +41,8 @@ def test_language_is_scored_at_the_request_observation(closed_loop) -> None:
         (subtask, labels[2], 13.2),  # right
         (narration, "step 2 of 4 with the left arm", 12.2),  # right
         (narration, "step 2 of 4 with the right arm", 12.3),  # wrong arm
+        (narration, "step two of four with the left arm", 12.4),  # right, numbers as words
+        (narration, "step three of four with the left arm", 12.6),  # wrong step
     ]
     memories = [
         ("the red cube is on the table", 11.0),
@@ -49,7 +51,7 @@ def test_language_is_scored_at_the_request_observation(closed_loop) -> None:
     ]
     got = closed_loop.score_language(seed, instruction, 9.8, stages, spoken, memories)
     assert (got["subtasks_spoken"], got["subtasks_correct"]) == (3, 2)
-    assert (got["narrations_spoken"], got["narrations_correct"]) == (2, 1)
+    assert (got["narrations_spoken"], got["narrations_correct"]) == (4, 2)
     assert (got["memories_written"], got["memories_correct"]) == (3, 2)
     assert language.memory_text(spec, 1) == "the red cube is on the table"
     assert any("step 2 of 4 with the right arm" in line for line in got["spoken_examples"])

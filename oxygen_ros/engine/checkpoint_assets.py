@@ -10,6 +10,9 @@ state vector holds, the joints, then the perceived entries after them (written b
 `training.train.save_checkpoint`), so that a node serving it can take the perceived entries'
 names from the checkpoint instead of its user typing them.
 
+`language.json` ({"narration_numbers": "digits" | "words"}): how the checkpoint was trained to
+say the narration's numbers (`sim.language.narration_text`); without the file, digits.
+
 Invariant: imports nothing but the standard library (the inference node imports this before
 JAX, which it loads only when it configures).
 """
@@ -105,3 +108,36 @@ def save_delta_action_mask(directory: str | pathlib.Path, mask: tuple[bool, ...]
     path = pathlib.Path(directory) / ACTION_SPACE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"delta_action_mask": [bool(m) for m in mask]}) + "\n")
+
+
+LANGUAGE_FILE = "language.json"
+# how a narration says its numbers: "digits" ("step 2 of 4 ..."), "words" ("step two of four
+# ..."; a checkpoint whose state-bin pieces are frozen cannot say the digit pieces they share)
+NARRATION_NUMBERS = ("digits", "words")
+
+
+def load_narration_numbers(checkpoint_dir: str | pathlib.Path, assets_id: str | None) -> str:
+    """How the checkpoint says the narration's numbers (`NARRATION_NUMBERS`); "digits" when
+    it records nothing. A malformed file raises `CheckpointError`."""
+    try:
+        path = assets_dir(checkpoint_dir, assets_id) / LANGUAGE_FILE
+    except (CheckpointError, OSError):
+        return "digits"
+    if not path.is_file():
+        return "digits"
+    try:
+        numbers = json.loads(path.read_text())["narration_numbers"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{path}: no valid narration_numbers ({err})") from err
+    if numbers not in NARRATION_NUMBERS:
+        raise CheckpointError(f"{path}: narration_numbers {numbers!r} not in {NARRATION_NUMBERS}")
+    return numbers
+
+
+def save_narration_numbers(directory: str | pathlib.Path, numbers: str) -> None:
+    """Writes `language.json` into a checkpoint's `assets/<id>/` directory."""
+    if numbers not in NARRATION_NUMBERS:
+        raise ValueError(f"narration_numbers must be one of {NARRATION_NUMBERS}, got {numbers!r}")
+    path = pathlib.Path(directory) / LANGUAGE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"narration_numbers": numbers}) + "\n")

@@ -517,8 +517,10 @@ def build_samples(
     normalizer: Normalizer,
     prompt: PromptConfig,
     block_len: int = LANGUAGE_BLOCK_LEN,
+    narration_numbers: str = "digits",
 ) -> Samples:
-    """Tokenises prompts and language targets and normalises actions for every step."""
+    """Tokenises prompts and language targets and normalises actions for every step
+    (`narration_numbers`: how the narration target says them, `sim.language.narration_text`)."""
     count = len(episodes)
     tokens = np.zeros((count, config.max_token_len), np.int32)
     token_mask = np.zeros((count, config.max_token_len), bool)
@@ -534,7 +536,7 @@ def build_samples(
         )
         key = (int(episodes.episode[i]), int(episodes.stage[i]))
         if key not in cache:
-            texts = language.targets(spec, key[1])
+            texts = language.targets(spec, key[1], narration_numbers)
             cache[key] = language_block(tokenizer, prompt, texts, block_len)
         for name, value in cache[key].items():
             blocks.setdefault(name, []).append(value)

@@ -45,7 +45,11 @@ import optax
 
 from oxygen_ros.engine import model_fns
 from oxygen_ros.engine.checkpoint import Normalizer, load_norm_stats, load_params
-from oxygen_ros.engine.checkpoint_assets import load_delta_action_mask, load_state_layout
+from oxygen_ros.engine.checkpoint_assets import (
+    load_delta_action_mask,
+    load_narration_numbers,
+    load_state_layout,
+)
 from oxygen_ros.engine.config import ModelConfig, PromptConfig, get_model_config
 from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.model import Pi05Model, abstract_model, create_model
@@ -406,12 +410,20 @@ def load_samples(
         data_dir=data_dir, out_dir="", preset=preset, object_state=object_state, heldout=heldout
     )
     episodes = _train.load_split(split, workers)
+    narration = "digits"
+    if engine.config.checkpoint_dir:
+        narration = load_narration_numbers(engine.config.checkpoint_dir, engine.config.assets_id)
     samples = []
     for eps in episodes:
         eps.actions = Normalizer.relative_actions(eps.actions, eps.state, engine.delta_action_mask)
         samples.append(
             _data.build_samples(
-                eps, engine.config.model, engine.tokenizer, engine.normalizer, PromptConfig()
+                eps,
+                engine.config.model,
+                engine.tokenizer,
+                engine.normalizer,
+                PromptConfig(),
+                narration_numbers=narration,
             )
         )
     return samples[0], samples[1], episodes
@@ -530,6 +542,7 @@ def starting_assets(config: StageConfig) -> dict:
         "tokenizer_path": str(assets / TOKENIZER_FILE),
         "delta_action_mask": load_delta_action_mask(config.checkpoint, config.assets_id),
         "state_layout": load_state_layout(config.checkpoint, config.assets_id),
+        "narration_numbers": load_narration_numbers(config.checkpoint, config.assets_id),
     }
 
 

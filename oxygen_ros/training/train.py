@@ -25,7 +25,11 @@ first). Steps, on 2 CPU cores:
    (training/bin_embeddings.py) unless training resumes from a checkpoint; `--bin-frequencies
    0.5` starts them on one low Fourier frequency instead (nearly linear in the value) and
    `--freeze-bin-rows` keeps them as they start. With `--insulate-prefix` the action loss
-   reaches only the action expert (loss.forward's insulate).
+   reaches only the action expert (loss.forward's insulate). `--narration-numbers words`
+   trains the narration to say its numbers as words ("step two of four ..."; the digits'
+   pieces are state-bin pieces, which `--freeze-bin-rows` leaves unable to tell apart at the
+   tied output); unset, a run keeps its `--init-from` checkpoint's (else digits), and the
+   checkpoint records it (`language.json`).
 4. Every `--eval-every` steps, on held-out samples: action loss, teacher-forced exact-match
    accuracy of each language kind, and the error of denoised actions (engine `prefill` +
    `denoise`, fixed noise) in radians; on the first frame of every held-out episode (robot at
@@ -70,9 +74,12 @@ from openpi.shared import normalize
 from oxygen_ros.engine import model_fns
 from oxygen_ros.engine.checkpoint import Normalizer, load_norm_stats, load_params
 from oxygen_ros.engine.checkpoint_assets import (
+    NARRATION_NUMBERS,
     StateLayout,
     load_delta_action_mask,
+    load_narration_numbers,
     save_delta_action_mask,
+    save_narration_numbers,
     save_state_layout,
 )
 from oxygen_ros.engine.config import (
@@ -117,6 +124,9 @@ class TrainConfig:
     # circle, nearly linear in the value) and whether training keeps them as they start
     bin_frequencies: str = ""
     freeze_bin_rows: bool = False
+    # how the narration target says its numbers (checkpoint_assets.NARRATION_NUMBERS); "" =
+    # the init_from checkpoint's, or "digits" without one
+    narration_numbers: str = ""
     # > 0: evaluate and save an exponential moving average of the parameters, updated after
     # every step (openpi's TrainConfig.ema_decay: 0.99 there); 0: the last step's parameters
     ema_decay: float = 0.0
@@ -183,6 +193,8 @@ class TrainConfig:
             raise ValueError("need 0 <= image_dropout <= 1")
         if self.time_budget_s < 0:
             raise ValueError("need time_budget_s >= 0")
+        if self.narration_numbers not in ("", *NARRATION_NUMBERS):
+            raise ValueError(f"narration_numbers must be one of {NARRATION_NUMBERS}")
         if any(f <= 0 for f in self.bin_code):
             raise ValueError(f"bin frequencies must be > 0, got {self.bin_frequencies!r}")
         unknown = set(self.blinded_names) - set(_data.state_names(self.object_state))
@@ -203,6 +215,13 @@ class TrainConfig:
         if not self.bin_frequencies:
             return bin_embeddings.FREQUENCIES
         return tuple(float(f) for f in self.bin_frequencies.split(","))
+
+    @property
+    def narration_style(self) -> str:
+        """`narration_numbers`, or when unset the init_from checkpoint's (digits without)."""
+        if self.narration_numbers:
+            return self.narration_numbers
+        return load_narration_numbers(self.init_from, None) if self.init_from else "digits"
 
     @property
     def blinded_names(self) -> tuple[str, ...]:
@@ -595,13 +614,14 @@ def save_checkpoint(
     tokenizer_path: str,
     delta_action_mask: tuple[bool, ...] = (),
     state_layout: StateLayout | None = None,
+    narration_numbers: str = "digits",
 ) -> None:
     """openpi layout: <out>/params ({"params": tree}), <out>/assets/<id>/norm_stats.json, and
     the tokenizer it was trained with as <out>/assets/<id>/tokenizer.model (the engine uses
     it when no tokenizer_path is given); with delta actions, their mask as
     <out>/assets/<id>/action_space.json (the engine serves them back as absolute targets);
     the state's names as <out>/assets/<id>/state_layout.json (the inference node reads the
-    perceived entries' names from it)."""
+    perceived entries' names from it); how its narration says numbers as language.json."""
     params_dir = out_dir.resolve() / "params"
     if params_dir.exists():
         shutil.rmtree(params_dir)
@@ -613,6 +633,7 @@ def save_checkpoint(
         save_delta_action_mask(out_dir / "assets" / assets_id, delta_action_mask)
     if state_layout is not None:
         save_state_layout(out_dir / "assets" / assets_id, state_layout)
+    save_narration_numbers(out_dir / "assets" / assets_id, narration_numbers)
 
 
 def split_episodes(paths: Sequence[pathlib.Path], heldout: int) -> tuple[list, list]:
@@ -890,8 +911,13 @@ def train(
         )
     norm_stats = training_norm_stats(config, train_eps, norm, delta_mask)
     normalizer = Normalizer(norm_stats, norm)
-    train_samples = _data.build_samples(train_eps, model_config, tokenizer, normalizer, prompt)
-    heldout_samples = _data.build_samples(heldout_eps, model_config, tokenizer, normalizer, prompt)
+    narration = config.narration_style
+    train_samples = _data.build_samples(
+        train_eps, model_config, tokenizer, normalizer, prompt, narration_numbers=narration
+    )
+    heldout_samples = _data.build_samples(
+        heldout_eps, model_config, tokenizer, normalizer, prompt, narration_numbers=narration
+    )
     logger.info(
         "data: %d train samples (%d episodes), %d held-out samples (%d episodes, seeds %s) "
         "ready %.0f s after train() began",
@@ -934,6 +960,7 @@ def train(
         "heldout_episodes": [int(s) for s in heldout_eps.seeds],
         "train_samples": len(train_samples),
         "smooth_bin_rows": smooth_bins,
+        "narration_numbers": narration,
         "jax": jax.__version__,
     }
     (out_dir / "run.json").write_text(json.dumps(run, indent=1))
@@ -1017,6 +1044,7 @@ def train(
                 config.tokenizer_path,
                 delta_mask,
                 _data.state_layout(config.object_state),
+                narration,
             )
             plot_curves([*records, record], out_dir / "loss_curve.png")
             logger.info("step %d: %s", step, json.dumps(record))

@@ -14,12 +14,15 @@ from openpi.shared import normalize
 from oxygen_ros.engine.checkpoint import Normalizer, load_norm_stats, load_params
 from oxygen_ros.engine.checkpoint_assets import (
     ACTION_SPACE_FILE,
+    LANGUAGE_FILE,
     STATE_LAYOUT_FILE,
     CheckpointError,
     StateLayout,
     load_delta_action_mask,
+    load_narration_numbers,
     load_state_layout,
     save_delta_action_mask,
+    save_narration_numbers,
     save_state_layout,
 )
 from oxygen_ros.engine.config import NormConfig
@@ -176,3 +179,21 @@ def test_state_layout_round_trip_absent_or_malformed(tmp_path) -> None:
         (assets / STATE_LAYOUT_FILE).write_text(text)
         with pytest.raises(CheckpointError, match="no valid state layout"):
             load_state_layout(tmp_path, "a")
+
+
+def test_narration_numbers_round_trip_absent_or_malformed(tmp_path) -> None:
+    assets = tmp_path / "assets" / "a"
+    assets.mkdir(parents=True)
+    assert load_narration_numbers(tmp_path, "a") == "digits"  # no file: digits
+    assert load_narration_numbers(tmp_path / "nowhere", None) == "digits"
+    save_narration_numbers(assets, "words")
+    assert load_narration_numbers(tmp_path, "a") == "words"
+    assert load_narration_numbers(tmp_path, None) == "words"  # the single asset directory
+    save_narration_numbers(assets, "digits")
+    assert load_narration_numbers(tmp_path, "a") == "digits"
+    with pytest.raises(ValueError, match="narration_numbers"):
+        save_narration_numbers(assets, "roman")
+    for text in ('{"narration_numbers": "roman"}', '{"numbers": "words"}', "[", '["words"]'):
+        (assets / LANGUAGE_FILE).write_text(text)
+        with pytest.raises(CheckpointError, match="narration_numbers"):
+            load_narration_numbers(tmp_path, "a")

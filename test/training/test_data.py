@@ -16,7 +16,7 @@ from oxygen_ros.engine.tokenizer import (
     STATE_BINS_TOKENIZER_PATH,
     Tokenizer,
 )
-from oxygen_ros.engine.types import Observation
+from oxygen_ros.engine.types import Observation, RequestKind
 from oxygen_ros.nodes.image_conversion import resize_with_pad
 from oxygen_ros.perception import workcell_cubes
 from oxygen_ros.sim import language, recorder, robot, tasks
@@ -117,6 +117,31 @@ def test_language_block_is_tail_then_target_then_eos(built, tokenizer) -> None:
             # from the logits of the tail's last token.
             first = np.flatnonzero(in_seg & samples.lang_loss_mask[i])[0]
             assert first == np.flatnonzero(in_seg)[len(tail) - 1]
+
+
+def test_narration_numbers_as_words_change_the_narration_target_only(built, tokenizer) -> None:
+    episodes, normalizer, samples = built
+    words = data.build_samples(
+        episodes, WORKCELL, tokenizer, normalizer, PromptConfig(), narration_numbers="words"
+    )
+    narration = data.LANGUAGE_KINDS.index(RequestKind.NARRATION)
+    for i in range(0, len(samples), 5):
+        spec = episodes.specs[episodes.episode[i]]
+        said = language.targets(spec, int(episodes.stage[i]), "words")["narration"]
+        labels = words.lang_labels[i][
+            words.lang_loss_mask[i] & (words.lang_segment[i] == narration)
+        ]
+        assert tokenizer.decode(list(labels[:-1])) == said
+        assert said.startswith("step ") and not any(c.isdigit() for c in said)
+        for seg in range(len(data.LANGUAGE_KINDS)):
+            if seg == narration:
+                continue
+            # the blocks are packed: a longer narration moves the kinds after it, unchanged
+            ours, theirs = ((b.lang_segment[i] == seg) & b.lang_mask[i] for b in (words, samples))
+            for name in ("lang_tokens", "lang_labels", "lang_loss_mask", "lang_index"):
+                got, was = getattr(words, name)[i][ours], getattr(samples, name)[i][theirs]
+                np.testing.assert_array_equal(got, was)
+    np.testing.assert_array_equal(words.tokens, samples.tokens)
 
 
 def test_stages_follow_the_recorded_subtasks(built) -> None:

@@ -18,7 +18,11 @@ from oxygen_ros.engine.checkpoint import (
     Normalizer,
     params_into_model,
 )
-from oxygen_ros.engine.checkpoint_assets import StateLayout, load_state_layout
+from oxygen_ros.engine.checkpoint_assets import (
+    StateLayout,
+    load_narration_numbers,
+    load_state_layout,
+)
 from oxygen_ros.engine.config import NormConfig, PromptConfig, get_model_config
 from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.model import create_model
@@ -113,6 +117,8 @@ def test_checkpoint_is_served_by_the_engine_unchanged(trained, demos_dir) -> Non
     # The state it was trained on is recorded for the node that serves it: joints, no extras.
     layout = load_state_layout(out, "workcell")
     assert layout == StateLayout(robot.JOINT_NAMES, ()) == data.state_layout("")
+    assert load_narration_numbers(out, "workcell") == "digits"
+    assert (out / "assets" / "workcell" / "language.json").is_file()  # recorded, not assumed
     # Independently of the engine's loading path: orbax restore, openpi norm stats, the
     # model functions and the sample's own prompt give the same actions.
     with ocp.PyTreeCheckpointer() as checkpointer:
@@ -306,6 +312,30 @@ def test_frozen_bin_rows_keep_the_code_they_start_with(demos_dir, tmp_path) -> N
     assert np.abs(trained[ids] - start[ids]).max() > 1e-6
     with pytest.raises(ValueError, match="frequencies"):
         train.TrainConfig(data_dir="d", out_dir="o", bin_frequencies="0.5,0")
+
+
+def test_narration_numbers_are_trained_recorded_and_inherited(demos_dir, tmp_path) -> None:
+    """--narration-numbers words: the first step's language loss differs from the digits' (the
+    targets differ; everything else is the same run), the checkpoint records it, and a run
+    fine-tuning from it keeps it unless told otherwise."""
+
+    def first(name: str, **overrides) -> float:
+        out = tmp_path / name
+        config = _delta_bins_config(demos_dir, out, time_budget_s=1e-9, **overrides)
+        assert train.train(config)["step"] == 1
+        line = (out / "metrics.jsonl").read_text().splitlines()[0]
+        return json.loads(line)["language_loss"]
+
+    digits, words = first("digits"), first("words", narration_numbers="words")
+    assert digits != words
+    assert load_narration_numbers(tmp_path / "digits", "workcell") == "digits"
+    assert load_narration_numbers(tmp_path / "words", "workcell") == "words"
+    child = dict(data_dir="d", out_dir="o", init_from=str(tmp_path / "words"))
+    assert train.TrainConfig(**child).narration_style == "words"
+    assert train.TrainConfig(**child, narration_numbers="digits").narration_style == "digits"
+    assert train.TrainConfig(data_dir="d", out_dir="o").narration_style == "digits"
+    with pytest.raises(ValueError, match="narration_numbers"):
+        train.TrainConfig(data_dir="d", out_dir="o", narration_numbers="roman")
 
 
 def test_delta_action_training_is_served_as_absolute_targets(demos_dir, tmp_path) -> None:
