@@ -268,13 +268,19 @@ def _delta_bins_config(demos_dir, out, **overrides) -> train.TrainConfig:
     )  # fmt: skip
 
 
-def test_state_bin_rows_start_in_order(demos_dir, tmp_path) -> None:
-    """With a tokenizer that has one piece per state bin, training starts those embedding rows
-    at bin_embeddings.smooth_bin_rows (the delta test's statics: nothing recompiles; the time
-    budget ends the run after its first step, whose learning rate is 0, so the saved table is
-    the starting one)."""
-    out = tmp_path / "bins"
+@pytest.fixture(scope="module")
+def one_step_bins(demos_dir, tmp_path_factory):
+    """A run of the delta test's statics (nothing recompiles) that the time budget ends after
+    its first step, whose learning rate is 0: the saved parameters are the starting ones."""
+    out = tmp_path_factory.mktemp("bins")
     assert train.train(_delta_bins_config(demos_dir, out, time_budget_s=1e-9))["step"] == 1
+    return out
+
+
+def test_state_bin_rows_start_in_order(one_step_bins) -> None:
+    """With a tokenizer that has one piece per state bin, training starts those embedding rows
+    at bin_embeddings.smooth_bin_rows."""
+    out = one_step_bins
     assert json.loads((out / "run.json").read_text())["smooth_bin_rows"] is True
     with ocp.PyTreeCheckpointer() as checkpointer:
         params = checkpointer.restore(out / "params")["params"]
@@ -314,21 +320,23 @@ def test_frozen_bin_rows_keep_the_code_they_start_with(demos_dir, tmp_path) -> N
         train.TrainConfig(data_dir="d", out_dir="o", bin_frequencies="0.5,0")
 
 
-def test_narration_numbers_are_trained_recorded_and_inherited(demos_dir, tmp_path) -> None:
+def test_narration_numbers_are_trained_recorded_and_inherited(
+    one_step_bins, demos_dir, tmp_path
+) -> None:
     """--narration-numbers words: the first step's language loss differs from the digits' (the
     targets differ; everything else is the same run), the checkpoint records it, and a run
     fine-tuning from it keeps it unless told otherwise."""
 
-    def first(name: str, **overrides) -> float:
-        out = tmp_path / name
-        config = _delta_bins_config(demos_dir, out, time_budget_s=1e-9, **overrides)
-        assert train.train(config)["step"] == 1
+    def first_loss(out) -> float:
         line = (out / "metrics.jsonl").read_text().splitlines()[0]
         return json.loads(line)["language_loss"]
 
-    digits, words = first("digits"), first("words", narration_numbers="words")
-    assert digits != words
-    assert load_narration_numbers(tmp_path / "digits", "workcell") == "digits"
+    config = _delta_bins_config(
+        demos_dir, tmp_path / "words", time_budget_s=1e-9, narration_numbers="words"
+    )
+    assert train.train(config)["step"] == 1
+    assert first_loss(one_step_bins) != first_loss(tmp_path / "words")
+    assert load_narration_numbers(one_step_bins, "workcell") == "digits"
     assert load_narration_numbers(tmp_path / "words", "workcell") == "words"
     child = dict(data_dir="d", out_dir="o", init_from=str(tmp_path / "words"))
     assert train.TrainConfig(**child).narration_style == "words"
