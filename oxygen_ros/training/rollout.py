@@ -11,7 +11,8 @@ rates) is the difference to `benchmarks/closed_loop` on the same seeds.
 
 Measured per episode: success, the furthest stage reached (`tasks.evaluate`'s stage index), the
 spoken subtask against the stage at each observation (with the confusion: stage -> what was
-said -> frames, per episode and summed in the summary), and the frames run.
+said -> frames, per episode and summed in the summary), the highest the held cube rose and
+whether the arm still held it at the end, and the frames run.
 
 `python -m oxygen_ros.training.rollout --checkpoint DIR --seeds 0:10 [--execute-s 0.5]
 [--noise fresh|episode] [--noise-scale 1.0] [--object-state [positions|poses|reach|target]]
@@ -104,6 +105,11 @@ class EpisodeResult:
     moved_arms: list[str]  # per frame: the arm the chunk moves more (train.moved_arm's rule)
     # stage at the observation -> spoken subtask -> frames (the confusion behind subtask_hits)
     subtask_confusion: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    # the highest the cube's bottom rose above the table while the episode's arm held it
+    # (tasks.evaluate's held and lift_m; 0 when never held), and whether it held it at the end
+    # (a grasp that stalls below the hold height from one that dropped the cube)
+    highest_held_lift_m: float = 0.0
+    held_at_end: bool = False
 
 
 def executed_rows(execute_s: float, dt: float) -> int:
@@ -118,6 +124,7 @@ def episode_line(seed: int, e: EpisodeResult, seconds: float = math.nan) -> str:
         f"seed {seed:>4} {e.instruction:45} success={e.success!s:5} "
         f"stage={e.furthest_stage}/{e.num_stages - 1} "
         f"closest={1000 * e.min_pinch_distance_m:.0f}mm "
+        f"lifted={1000 * e.highest_held_lift_m:.0f}mm{' held' if e.held_at_end else ''} "
         f"subtask={e.subtask_hits}/{e.subtask_said} "
         f"first_arm={e.moved_arms[0]} ({e.arm})"
     )
@@ -197,7 +204,7 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
     ticks_per_frame = max(1, round(config.execute_s * config.control_hz))
     furthest, frames, hits, said = 0, 0, 0, 0
     confusion: dict[str, collections.Counter[str]] = {}
-    closest = np.inf
+    closest, highest = np.inf, 0.0
     moved: list[str] = []
     evaluation = tasks.evaluate(workcell, spec)  # of the state each observation is taken in
     while workcell.time - start < spec.time_limit_s and not tracker.succeeded:
@@ -221,6 +228,8 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
             evaluation = tasks.evaluate(workcell, spec)
             furthest = max(furthest, labels.index(evaluation.stage))
             closest = min(closest, evaluation.pinch_distance_m)
+            if evaluation.held:
+                highest = max(highest, evaluation.lift_m)
             if tracker.update(evaluation, workcell.time) or workcell.time - start >= (
                 spec.time_limit_s
             ):
@@ -240,6 +249,8 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
         subtask_said=said,
         moved_arms=moved,
         subtask_confusion={stage: dict(spoken) for stage, spoken in confusion.items()},
+        highest_held_lift_m=float(highest),
+        held_at_end=bool(evaluation.held),
     )
 
 

@@ -79,6 +79,13 @@ def test_the_experts_chunks_succeed_and_holding_home_does_not(workcell, seed):
     assert expert.furthest_stage == expert.num_stages - 1
     assert expert.min_pinch_distance_m < 0.01
     assert expert.sim_s < 16.0
+    # it lifted the cube while holding it; a pick ends held (success is held at the height),
+    # a move ends released on the table
+    spec = tasks.sample_episode(seed)
+    assert expert.highest_held_lift_m >= (
+        tasks.LIFT_HEIGHT_M if spec.action != "move" else tasks.LIFT_STARTED_M
+    )
+    assert expert.held_at_end == (spec.action != "move")
     # The expert's own phase labels lag the state's stage at a few boundaries (TRAINING.md:
     # 87 % agreement), so the scored subtask is mostly, not always, right.
     assert expert.subtask_said == expert.frames
@@ -96,6 +103,7 @@ def test_the_experts_chunks_succeed_and_holding_home_does_not(workcell, seed):
     assert not held.success
     assert held.furthest_stage == 0
     assert held.min_pinch_distance_m > 0.05
+    assert held.highest_held_lift_m == 0.0 and not held.held_at_end
     assert held.subtask_said == 0
     assert held.subtask_confusion == {}
     # it ran to the time limit, one frame per executed half second
