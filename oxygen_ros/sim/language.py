@@ -21,7 +21,6 @@ Invariants:
 
 from __future__ import annotations
 
-from oxygen_ros.engine.checkpoint_assets import NARRATION_NUMBERS
 from oxygen_ros.sim.tasks import EpisodeSpec, subtask_labels
 
 GRASP_STAGE = 1  # index of "grasp ..." in every template's labels
@@ -41,6 +40,9 @@ def stage_index(spec: EpisodeSpec, stage: str) -> int:
     return labels.index(stage)
 
 
+# how a narration says its numbers (a checkpoint records its own:
+# engine.checkpoint_assets.NARRATION_NUMBERS, the same values; the engine imports no sim)
+NARRATION_NUMBERS = ("digits", "words")
 NUMBER_WORDS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from oxygen_ros.engine import checkpoint_assets
 from oxygen_ros.engine.config import PromptConfig
 from oxygen_ros.engine.tokenizer import (
     BUNDLED_TOKENIZER_PATH,
@@ -73,6 +74,8 @@ def test_narration_counts_phases_and_names_the_arm() -> None:
     )
     with pytest.raises(ValueError, match="numbers must be one of"):
         language.narration_text(SPECS[2], 0, "roman")
+    # what a checkpoint may record is what the texts can say
+    assert language.NARRATION_NUMBERS == checkpoint_assets.NARRATION_NUMBERS
 
 
 def test_same_text_takes_either_spelling_of_the_narrations_numbers_only() -> None:
