@@ -26,7 +26,14 @@ the true pose of the named cube and the episode (`tasks.EpisodeSpec`: arm, actio
   towards the goal as the cube rises (all the way within `goal_funnel_m` of it) and lowers it
   as the goal nears; on the table at the goal, opens;
 - move, the cube resting at the goal and not held: the gripper opens and the pinch point rises
-  `retreat_height_m` above the cube.
+  `retreat_height_m` above the cube;
+- with `keep_held` (off by default; DAgger's `--keep-held`): a cube the fingers hold off the
+  centre (the task's held test, both pads on it, while the pinch point is beyond `near_m` or
+  the gripper reads above `closing_below`) and have lifted at least `kept_lift_m` counts as
+  held: the gripper stays closed and the cube is steered as above, the pinch target offset by
+  where the grip sits on it. Without it such a grip reads as open and the command lets go to
+  grasp again at the centre, a recovery the expert makes but a learner copying the label only
+  half-way (a gripper target between open and closed) turns into a dropped cube.
 
 The pinch target's joints come from inverse kinematics seeded at the measured arm joints
 (waist turned towards the target), with the grasp's wrist from the cube's current yaw (the face
@@ -74,6 +81,8 @@ class ReactiveConfig:
     goal_funnel_m: float = 0.04  # move: within this of the goal the carry goes all the way
     at_goal_m: float = 0.01  # move: the cube this close to the goal counts as there
     resting_m: float = 0.004  # move: cube bottom at most this high rests on the table
+    keep_held: bool = False  # a lifted cube held off the centre is kept (module docstring)
+    kept_lift_m: float = tasks.LIFT_STARTED_M  # ... once the grip has lifted it this far
 
 
 class ReactiveExpert:
@@ -115,6 +124,15 @@ class ReactiveExpert:
         near = float(np.linalg.norm(cube - pinch)) <= c.near_m
         on_cube = near and c.held_min < gripper < c.closing_below
         lift = float(cube[2]) - tasks.CUBE_HALF_SIZE_M  # cube bottom above the table
+        # Held off the centre (keep_held): steer the cube; `grip` is where the pinch sits on it.
+        off_centre = (
+            c.keep_held
+            and not on_cube
+            and lift >= c.kept_lift_m
+            and tasks.evaluate(workcell, spec).held
+        )
+        grip = pinch - cube if off_centre else np.zeros(3)
+        on_cube = on_cube or off_centre
         if spec.action == "move":
             goal = np.asarray(spec.goal_xy(), np.float64)
             to_goal = goal - cube[:2]
@@ -124,13 +142,13 @@ class ReactiveExpert:
                 if gripper < c.closing_below:
                     return pinch.copy(), True  # open where it is
                 return cube + _up(w.retreat_height_m), True
-        if on_cube and gripper >= c.held_max:
+        if on_cube and gripper >= c.held_max and not off_centre:
             return cube.copy(), False  # fingers still closing: stay, keep closing
         if on_cube:
             if spec.action != "move":
                 target = cube.copy()
                 target[2] = tasks.CUBE_HALF_SIZE_M + w.lift_height_m
-                return target, False
+                return target + grip, False
             distance = float(np.linalg.norm(to_goal))
             risen = float(np.clip(lift / w.lift_height_m, 0.0, 1.0))
             nearby = float(np.clip(1.0 - distance / c.goal_funnel_m, 0.0, 1.0))
@@ -139,9 +157,9 @@ class ReactiveExpert:
                 np.clip((distance - c.at_goal_m / 2) / c.goal_funnel_m, 0.0, 1.0)
             )
             if at_goal and lift <= c.resting_m:
-                return cube.copy(), True  # on the table at the goal: open
+                return cube + grip, True  # on the table at the goal: open
             z = tasks.CUBE_HALF_SIZE_M + w.place_clearance_m + height
-            return np.array((xy[0], xy[1], z)), False
+            return np.array((xy[0], xy[1], z)) + grip, False
         # Not holding: above the cube by the funnel's height, close once at the centre.
         share = float(np.clip((horizontal - c.aligned_m) / (c.funnel_m - c.aligned_m), 0, 1))
         target = cube + _up(share * w.approach_height_m)

@@ -27,7 +27,8 @@ and executes the learner's chunk (or, with probability `beta`, the expert's: DAg
 writes its relabelled episodes.
 `--expert reactive`
 labels with `ReactiveExpert` instead (`make_labeller`): it keeps no phase machine, so its label
-at a state does not depend on how the learner got there.
+at a state does not depend on how the learner got there; `--keep-held` has it keep (and lift) a
+cube the fingers hold off the centre, where it would let go (`ReactiveConfig.keep_held`).
 
 Invariants:
 - Labelling does not change the episode: the physics state and the expert's phase machine after
@@ -51,7 +52,7 @@ import numpy as np
 from oxygen_ros.sim import robot, tasks
 from oxygen_ros.sim.feedback_expert import FeedbackConfig, FeedbackExpert
 from oxygen_ros.sim.generate_demos import CONTROL_HZ, FPS, expert_name
-from oxygen_ros.sim.reactive_expert import ReactiveExpert
+from oxygen_ros.sim.reactive_expert import ReactiveConfig, ReactiveExpert
 from oxygen_ros.sim.recorder import EpisodeWriter, episode_path, list_episodes
 from oxygen_ros.sim.workcell import CAMERAS, Workcell, WorkcellConfig
 
@@ -59,14 +60,17 @@ LABELLERS = ("feedback", "reactive")  # the experts that label from any state
 
 
 def make_labeller(
-    kind: str, workcell: Workcell, regrasp_m: float | None = 0.03
+    kind: str, workcell: Workcell, regrasp_m: float | None = 0.03, keep_held: bool = False
 ) -> FeedbackExpert | ReactiveExpert:
     """The labelling expert `kind` (one of LABELLERS); `regrasp_m` is the feedback expert's
-    lost-grasp limit (the reactive expert needs none: it remembers no grasp)."""
+    lost-grasp limit (the reactive expert needs none: it remembers no grasp); `keep_held` is the
+    reactive expert's (`ReactiveConfig.keep_held`: a grip off the centre is kept and lifted)."""
     if kind == "feedback":
+        if keep_held:
+            raise ValueError("keep_held is the reactive expert's option")
         return FeedbackExpert(workcell.model, FeedbackConfig(regrasp_m=regrasp_m))
     if kind == "reactive":
-        return ReactiveExpert(workcell.model)
+        return ReactiveExpert(workcell.model, ReactiveConfig(keep_held=keep_held))
     raise ValueError(f"expert must be one of {LABELLERS}, got {kind!r}")
 
 
@@ -221,6 +225,7 @@ class RecordingLabeller(LabellingPolicy):
                 "generator": "oxygen_ros.training.dagger",
                 "beta": self.beta,
                 "expert": expert_name(self.expert),
+                "keep_held": bool(getattr(self.expert.config, "keep_held", False)),
                 "expert_subtasks": self.labels.subtask[-result.frames :],
             },
         )
@@ -237,6 +242,7 @@ def collect(
     beta: float = 0.0,
     regrasp_m: float | None = 0.03,
     expert_kind: str = "feedback",
+    keep_held: bool = False,
 ) -> list:
     """Runs `checkpoint` (or "expert") on `seeds` and writes their relabelled episodes to
     `out`; returns the rollouts' results."""
@@ -246,7 +252,7 @@ def collect(
     workcell = Workcell(WorkcellConfig())
     results = []
     try:
-        expert = make_labeller(expert_kind, workcell, regrasp_m)
+        expert = make_labeller(expert_kind, workcell, regrasp_m, keep_held)
         labeller = RecordingLabeller(
             policy,
             expert,
@@ -284,6 +290,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     data.add_object_state_argument(parser)
     parser.add_argument("--regrasp-m", type=float, default=0.03)
     parser.add_argument("--expert", choices=LABELLERS, default="feedback", help="the labeller")
+    parser.add_argument(
+        "--keep-held",
+        action="store_true",
+        help="reactive: a cube held off the centre is kept and lifted, not let go",
+    )
     args = parser.parse_args(argv)
     config = rollout.RolloutConfig(
         execute_s=args.execute_s, object_state=args.object_state, speak=False, preset=args.preset
@@ -296,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.beta,
         args.regrasp_m,
         args.expert,
+        args.keep_held,
     )
     summary = rollout.summarise(results)
     print(json.dumps(summary))

@@ -1,17 +1,20 @@
 """The reactive expert: physics-only episodes succeed through every stage in order (also under
 command noise, and after a dropped cube), its command is a
-function of the current state only (where the feedback expert's phase machine is not), and
-generate_demos records it."""
+function of the current state only (where the feedback expert's phase machine is not), with
+`keep_held` a grip off the centre is kept and lifted, and generate_demos records it."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
 import pytest
 
 from oxygen_ros.sim import generate_demos, robot, tasks
-from oxygen_ros.sim.feedback_expert import FeedbackExpert
+from oxygen_ros.sim.expert import DOWN, ScriptedExpert
+from oxygen_ros.sim.feedback_expert import FeedbackExpert, lead_command
+from oxygen_ros.sim.kinematics import gripper_rotation
 from oxygen_ros.sim.reactive_expert import ReactiveConfig, ReactiveExpert
 from oxygen_ros.sim.recorder import episode_path, read_episode
 from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
@@ -182,3 +185,62 @@ def test_generate_demos_records_the_reactive_expert(tmp_path) -> None:
     assert episode.success and episode.extra["expert"] == "reactive"
     order = [labels.index(s) for s in episode.extra["plan_subtasks"]]
     assert order[0] == 0 and order[-1] == len(labels) - 1 and np.all(np.diff(order) >= 0)
+
+
+def _grip_above_centre(cell: Workcell, spec: tasks.EpisodeSpec, height_m: float) -> None:
+    """Closes `spec`'s arm on its cube with the pinch point `height_m` above the cube's centre
+    (the fingers on its top part) and lifts 2 cm: a grip off the centre, as a learner makes."""
+    expert = ReactiveExpert(cell.model)
+    kin = expert.kinematics[spec.arm]
+    cell.reset(robot.HOME, spec.objects)
+    pose = cell.object_pose(spec.target)
+    rotation = gripper_rotation(DOWN, ScriptedExpert.finger_axis(kin, pose))
+    waypoints = expert.config.waypoints
+    steps = (
+        (height_m + 0.05, waypoints.gripper_open, 2.0),
+        (height_m, waypoints.gripper_open, 1.5),
+        (height_m, waypoints.gripper_closed, 0.8),
+        (height_m + 0.02, waypoints.gripper_closed, 0.8),
+    )
+    for height, gripper, seconds in steps:
+        target = np.asarray(pose.position, np.float64) + np.array((0.0, 0.0, height))
+        for _ in range(round(seconds / CONTROL_DT)):
+            measured = cell.joint_positions()
+            seed = measured[robot.arm_columns(spec.arm)].copy()
+            seed[0] = kin.waist_towards(target)
+            goal = kin.solve(target, rotation, seed).q
+            cell.set_targets(lead_command(robot.HOME, measured, spec.arm, goal, 0.04, gripper))
+            cell.step(CONTROL_DT)
+
+
+def test_keep_held_lifts_a_cube_held_off_the_centre(cell: Workcell) -> None:
+    """The cube held and lifted with the pinch point just beyond `near_m` above its centre: by
+    default the expert lets go (the grip reads as open: it goes down to the centre, gripper
+    open); with `keep_held` it keeps the gripper closed, steers straight up (the grip's offset
+    kept) and the pick succeeds."""
+    spec = _specs("pick", 1, start=500)[0]
+    config = ReactiveConfig()
+    _grip_above_centre(cell, spec, config.near_m + 0.002)
+    evaluation = tasks.evaluate(cell, spec)
+    assert evaluation.held and evaluation.lift_m >= config.kept_lift_m, evaluation
+    assert evaluation.pinch_distance_m > config.near_m, evaluation
+    pinch = cell.site_position(f"{spec.arm}_pinch")
+    default = ReactiveExpert(cell.model, config)
+    default.reset(cell, spec)
+    target, open_gripper = default.pinch_and_gripper(cell)
+    assert open_gripper and target[2] < pinch[2]  # positive control: lets go
+    keeper = ReactiveExpert(cell.model, dataclasses.replace(config, keep_held=True))
+    keeper.reset(cell, spec)
+    target, open_gripper = keeper.pinch_and_gripper(cell)
+    assert not open_gripper
+    np.testing.assert_allclose(target[:2], pinch[:2], atol=1e-3)  # straight up, offset kept
+    assert target[2] > pinch[2] + 0.02
+    tracker = tasks.SuccessTracker()
+    start = cell.time
+    while cell.time - start < 5.0 and not tracker.succeeded:
+        cell.set_targets(keeper.command(cell))
+        cell.step(CONTROL_DT)
+        evaluation = tasks.evaluate(cell, spec)
+        assert evaluation.held, "the kept grip let the cube go"
+        tracker.update(evaluation, cell.time)
+    assert tracker.succeeded

@@ -3,7 +3,7 @@ from a state is exactly the chunk generate_demos records from it, labelling leav
 unchanged, the labelling policy executes the learner (or the expert with beta = 1, which then
 succeeds) and records a label per observation, written as an episode file that training loads
 with those labels, and with `regrasp_m` the feedback expert starts over after a lost grasp
-(without it, it does not)."""
+(without it, it does not); the reactive expert's `keep_held` reaches it (and no other)."""
 
 from __future__ import annotations
 
@@ -143,6 +143,13 @@ def test_beta_one_executes_the_experts_chunks_which_succeed(cell) -> None:
 def test_beta_outside_unit_interval_is_refused(cell) -> None:
     with pytest.raises(ValueError, match="beta"):
         dagger.LabellingPolicy(_Hold(), FeedbackExpert(cell.model), dagger.Labels(), beta=1.5)
+
+
+def test_keep_held_reaches_only_the_reactive_labeller(cell) -> None:
+    assert dagger.make_labeller("reactive", cell, keep_held=True).config.keep_held
+    assert not dagger.make_labeller("reactive", cell).config.keep_held
+    with pytest.raises(ValueError, match="keep_held"):
+        dagger.make_labeller("feedback", cell, keep_held=True)
 
 
 @pytest.mark.parametrize("regrasp_m", [None, 0.03])
