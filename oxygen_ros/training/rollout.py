@@ -110,6 +110,9 @@ class EpisodeResult:
     # (a grasp that stalls below the hold height from one that dropped the cube)
     highest_held_lift_m: float = 0.0
     held_at_end: bool = False
+    # the pinch point's distance from the cube centre at the first tick the arm held the cube
+    # (None: never held): where on the cube the grasp closed, a drop's cause or not
+    first_held_pinch_m: float | None = None
 
 
 def executed_rows(execute_s: float, dt: float) -> int:
@@ -120,11 +123,13 @@ def executed_rows(execute_s: float, dt: float) -> int:
 
 def episode_line(seed: int, e: EpisodeResult, seconds: float = math.nan) -> str:
     """One episode's result as the rollouts print it."""
+    grasped = "-" if e.first_held_pinch_m is None else f"{1000 * e.first_held_pinch_m:.0f}mm"
     line = (
         f"seed {seed:>4} {e.instruction:45} success={e.success!s:5} "
         f"stage={e.furthest_stage}/{e.num_stages - 1} "
         f"closest={1000 * e.min_pinch_distance_m:.0f}mm "
         f"lifted={1000 * e.highest_held_lift_m:.0f}mm{' held' if e.held_at_end else ''} "
+        f"grasped_at={grasped} "
         f"subtask={e.subtask_hits}/{e.subtask_said} "
         f"first_arm={e.moved_arms[0]} ({e.arm})"
     )
@@ -204,7 +209,7 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
     ticks_per_frame = max(1, round(config.execute_s * config.control_hz))
     furthest, frames, hits, said = 0, 0, 0, 0
     confusion: dict[str, collections.Counter[str]] = {}
-    closest, highest = np.inf, 0.0
+    closest, highest, first_held = np.inf, 0.0, None
     moved: list[str] = []
     evaluation = tasks.evaluate(workcell, spec)  # of the state each observation is taken in
     while workcell.time - start < spec.time_limit_s and not tracker.succeeded:
@@ -230,6 +235,8 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
             closest = min(closest, evaluation.pinch_distance_m)
             if evaluation.held:
                 highest = max(highest, evaluation.lift_m)
+                if first_held is None:
+                    first_held = evaluation.pinch_distance_m
             if tracker.update(evaluation, workcell.time) or workcell.time - start >= (
                 spec.time_limit_s
             ):
@@ -251,11 +258,13 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
         subtask_confusion={stage: dict(spoken) for stage, spoken in confusion.items()},
         highest_held_lift_m=float(highest),
         held_at_end=bool(evaluation.held),
+        first_held_pinch_m=first_held,
     )
 
 
 def summarise(episodes: Sequence[EpisodeResult]) -> dict:
     said = sum(e.subtask_said for e in episodes)
+    grasped = [e.first_held_pinch_m for e in episodes if e.first_held_pinch_m is not None]
     return {
         "episodes": len(episodes),
         "success_rate": float(np.mean([e.success for e in episodes])) if episodes else 0.0,
@@ -269,6 +278,7 @@ def summarise(episodes: Sequence[EpisodeResult]) -> dict:
         "min_pinch_distance_median_m": float(np.median([e.min_pinch_distance_m for e in episodes]))
         if episodes
         else 0.0,
+        "first_held_pinch_median_m": float(np.median(grasped)) if grasped else None,
         "subtask_confusion": merged_confusion(episodes),
     }
 

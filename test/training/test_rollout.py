@@ -86,6 +86,8 @@ def test_the_experts_chunks_succeed_and_holding_home_does_not(workcell, seed):
         tasks.LIFT_HEIGHT_M if spec.action != "move" else tasks.LIFT_STARTED_M
     )
     assert expert.held_at_end == (spec.action != "move")
+    # it closed on the cube at its centre
+    assert expert.first_held_pinch_m is not None and expert.first_held_pinch_m < 0.005
     # The expert's own phase labels lag the state's stage at a few boundaries (TRAINING.md:
     # 87 % agreement), so the scored subtask is mostly, not always, right.
     assert expert.subtask_said == expert.frames
@@ -104,8 +106,13 @@ def test_the_experts_chunks_succeed_and_holding_home_does_not(workcell, seed):
     assert held.furthest_stage == 0
     assert held.min_pinch_distance_m > 0.05
     assert held.highest_held_lift_m == 0.0 and not held.held_at_end
+    assert held.first_held_pinch_m is None
     assert held.subtask_said == 0
     assert held.subtask_confusion == {}
+    # the summary's grasp point is the median over the episodes that held the cube
+    summary = rollout.summarise([expert, held])
+    assert summary["first_held_pinch_median_m"] == expert.first_held_pinch_m
+    assert rollout.summarise([held])["first_held_pinch_median_m"] is None
     # it ran to the time limit, one frame per executed half second
     assert held.sim_s == pytest.approx(12.0 if seed == 1 else 16.0, abs=0.05)
     assert held.frames == pytest.approx(held.sim_s / 0.5, abs=1)
