@@ -42,6 +42,25 @@ def assets_dir(checkpoint_dir: str | pathlib.Path, assets_id: str | None) -> pat
     return assets / assets_id
 
 
+def _read_asset(checkpoint_dir, assets_id, name: str, what: str, parse, default, *, strict=False):
+    """`parse(the JSON in assets/<id>/name)`; `default` when the file is absent, or (unless
+    `strict`) when there is no single asset directory to read it from. A file that is not
+    JSON, or that `parse` refuses (ValueError, KeyError, TypeError), raises `CheckpointError`
+    naming `what`."""
+    try:
+        path = assets_dir(checkpoint_dir, assets_id) / name
+    except (CheckpointError, OSError):
+        if strict:
+            raise
+        return default
+    if not path.is_file():
+        return default
+    try:
+        return parse(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{path}: no valid {what} ({err})") from err
+
+
 STATE_LAYOUT_FILE = "state_layout.json"
 
 
@@ -59,21 +78,15 @@ def load_state_layout(
 ) -> StateLayout | None:
     """The checkpoint's `StateLayout`; None when it records none (older checkpoints, or no
     single asset directory to read it from). A malformed file raises `CheckpointError`."""
-    try:
-        path = assets_dir(checkpoint_dir, assets_id) / STATE_LAYOUT_FILE
-    except (CheckpointError, OSError):
-        return None
-    if not path.is_file():
-        return None
-    try:
-        raw = json.loads(path.read_text())
+
+    def parse(raw) -> StateLayout:
         names = {key: raw[key] for key in ("joint_names", "state_extra_names")}
         for key, value in names.items():
             if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
                 raise TypeError(f"{key} is not a list of strings: {value!r}")
-    except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{path}: no valid state layout ({err})") from err
-    return StateLayout(tuple(names["joint_names"]), tuple(names["state_extra_names"]))
+        return StateLayout(tuple(names["joint_names"]), tuple(names["state_extra_names"]))
+
+    return _read_asset(checkpoint_dir, assets_id, STATE_LAYOUT_FILE, "state layout", parse, None)
 
 
 def save_state_layout(directory: str | pathlib.Path, layout: StateLayout) -> None:
@@ -90,17 +103,17 @@ def load_delta_action_mask(
     checkpoint_dir: str | pathlib.Path, assets_id: str | None
 ) -> tuple[bool, ...]:
     """The checkpoint's delta-action mask (`action_space.json`); () when it has none (absolute
-    actions)."""
-    path = assets_dir(checkpoint_dir, assets_id) / ACTION_SPACE_FILE
-    if not path.is_file():
-        return ()
-    try:
-        mask = json.loads(path.read_text())["delta_action_mask"]
+    actions). No single asset directory raises `CheckpointError`, as a malformed file does."""
+
+    def parse(raw) -> tuple[bool, ...]:
+        mask = raw["delta_action_mask"]
         if not isinstance(mask, list) or not all(isinstance(m, bool) for m in mask):
             raise TypeError(f"not a list of booleans: {mask!r}")
-    except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{path}: no valid delta_action_mask ({err})") from err
-    return tuple(mask)
+        return tuple(mask)
+
+    return _read_asset(
+        checkpoint_dir, assets_id, ACTION_SPACE_FILE, "delta_action_mask", parse, (), strict=True
+    )
 
 
 def save_delta_action_mask(directory: str | pathlib.Path, mask: tuple[bool, ...]) -> None:
@@ -119,19 +132,16 @@ NARRATION_NUMBERS = ("digits", "words")
 def load_narration_numbers(checkpoint_dir: str | pathlib.Path, assets_id: str | None) -> str:
     """How the checkpoint says the narration's numbers (`NARRATION_NUMBERS`); "digits" when
     it records nothing. A malformed file raises `CheckpointError`."""
-    try:
-        path = assets_dir(checkpoint_dir, assets_id) / LANGUAGE_FILE
-    except (CheckpointError, OSError):
-        return "digits"
-    if not path.is_file():
-        return "digits"
-    try:
-        numbers = json.loads(path.read_text())["narration_numbers"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{path}: no valid narration_numbers ({err})") from err
-    if numbers not in NARRATION_NUMBERS:
-        raise CheckpointError(f"{path}: narration_numbers {numbers!r} not in {NARRATION_NUMBERS}")
-    return numbers
+
+    def parse(raw) -> str:
+        numbers = raw["narration_numbers"]
+        if numbers not in NARRATION_NUMBERS:
+            raise ValueError(f"{numbers!r} not in {NARRATION_NUMBERS}")
+        return numbers
+
+    return _read_asset(
+        checkpoint_dir, assets_id, LANGUAGE_FILE, "narration_numbers", parse, "digits"
+    )
 
 
 def save_narration_numbers(directory: str | pathlib.Path, numbers: str) -> None:

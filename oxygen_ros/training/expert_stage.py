@@ -401,18 +401,23 @@ def plot_curves(records: list[dict], path: pathlib.Path) -> None:
 
 
 def load_samples(
-    engine: Engine, data_dir: str, preset: str, object_state: str, heldout: int, workers: int
+    engine: Engine,
+    data_dir: str,
+    preset: str,
+    object_state: str,
+    heldout: int,
+    workers: int,
+    *,
+    narration_numbers: str,
 ):
     """(train samples, held-out samples, (train episodes, held-out episodes)) of `data_dir`
     (train's split: the `heldout` highest seeds held out) as the engine's checkpoint trained
-    on them: its delta-action mask, norm stats and tokenizer."""
+    on them: its delta-action mask, norm stats and tokenizer, and its narration's numbers
+    (`starting_assets`)."""
     split = _train.TrainConfig(
         data_dir=data_dir, out_dir="", preset=preset, object_state=object_state, heldout=heldout
     )
     episodes = _train.load_split(split, workers)
-    narration = "digits"
-    if engine.config.checkpoint_dir:
-        narration = load_narration_numbers(engine.config.checkpoint_dir, engine.config.assets_id)
     samples = []
     for eps in episodes:
         eps.actions = Normalizer.relative_actions(eps.actions, eps.state, engine.delta_action_mask)
@@ -423,7 +428,7 @@ def load_samples(
                 engine.tokenizer,
                 engine.normalizer,
                 PromptConfig(),
-                narration_numbers=narration,
+                narration_numbers=narration_numbers,
             )
         )
     return samples[0], samples[1], episodes
@@ -468,8 +473,15 @@ def run(config: StageConfig, workers: int = 1) -> dict:
     engine = Engine(served)
     expert_config = get_model_config(config.served_preset)
     check_expert_preset(served.model, expert_config)
+    assets = starting_assets(config)
     train_s, held_s, (train_eps, held_eps) = load_samples(
-        engine, config.data_dir, config.preset, config.object_state, config.heldout, workers
+        engine,
+        config.data_dir,
+        config.preset,
+        config.object_state,
+        config.heldout,
+        workers,
+        narration_numbers=assets["narration_numbers"],
     )
     trained = load_params(config.checkpoint, served.model)
     digest = prefix_digest(trained)
@@ -502,7 +514,6 @@ def run(config: StageConfig, workers: int = 1) -> dict:
         "jax": jax.__version__,
     }
     (out_dir / "run.json").write_text(json.dumps(run_info, indent=1))
-    assets = starting_assets(config)
     # Step 0: the starting expert on the same held-out evaluation, the curve's baseline.
     records = [{"step": 0, **evaluate(trainer, held_cache, held_s, engine.normalizer, robot_dim)}]
     logger.info("step 0: %s", json.dumps(records[0]))

@@ -158,6 +158,8 @@ def test_delta_action_checkpoint_is_served_as_absolute_targets(
 def test_action_space_file_absent_or_malformed(tmp_path) -> None:
     (tmp_path / "assets" / "a").mkdir(parents=True)
     assert load_delta_action_mask(tmp_path, "a") == ()
+    with pytest.raises(CheckpointError, match="asset directories"):  # unlike the other files
+        load_delta_action_mask(tmp_path / "nowhere", None)
     (tmp_path / "assets" / "a" / ACTION_SPACE_FILE).write_text('{"delta_action_mask": [1, 0]}')
     with pytest.raises(CheckpointError, match="no valid delta_action_mask"):
         load_delta_action_mask(tmp_path, "a")

@@ -151,7 +151,13 @@ def test_the_stage_loss_is_openpis_loss_read_from_the_cached_prefix(staged) -> N
     config, _ = staged
     engine = Engine(train.engine_config(str(SHIPPED), preset=PRESET))
     samples, _, _ = expert_stage.load_samples(
-        engine, config.data_dir, config.preset, config.object_state, config.heldout, workers=1
+        engine,
+        config.data_dir,
+        config.preset,
+        config.object_state,
+        config.heldout,
+        workers=1,
+        narration_numbers=expert_stage.starting_assets(config)["narration_numbers"],
     )
     model = load_params(SHIPPED, engine.config.model)
     cache = saved_cache(config, engine, model, samples)
@@ -215,7 +221,13 @@ def test_the_engine_serves_the_chunk_the_stage_trained(staged) -> None:
     config, _ = staged
     engine = Engine(train.engine_config(config.out_dir, preset=PRESET))
     samples, _, (episodes, _) = expert_stage.load_samples(
-        engine, config.data_dir, PRESET, config.object_state, config.heldout, workers=1
+        engine,
+        config.data_dir,
+        PRESET,
+        config.object_state,
+        config.heldout,
+        workers=1,
+        narration_numbers=expert_stage.starting_assets(config)["narration_numbers"],
     )
     model = load_params(config.out_dir, engine.config.model)
     cache = saved_cache(config, engine, model, samples)
