@@ -28,7 +28,10 @@ writes its relabelled episodes.
 `--expert reactive`
 labels with `ReactiveExpert` instead (`make_labeller`): it keeps no phase machine, so its label
 at a state does not depend on how the learner got there; `--keep-held` has it keep (and lift) a
-cube the fingers hold off the centre, where it would let go (`ReactiveConfig.keep_held`).
+cube the fingers hold off the centre, where it would let go (`ReactiveConfig.keep_held`);
+`--aligned-m M` has it descend onto and close on a cube within M horizontally (its `aligned_m`
+and `close_xy_m`) and `--gripper-open V` open the fingers to V (1: 6.9 cm between them, 0.8:
+5.5 cm; the cube is 4 cm): a funnel as wide as the learner's precision.
 
 Invariants:
 - Labelling does not change the episode: the physics state and the expert's phase machine after
@@ -60,18 +63,35 @@ LABELLERS = ("feedback", "reactive")  # the experts that label from any state
 
 
 def make_labeller(
-    kind: str, workcell: Workcell, regrasp_m: float | None = 0.03, keep_held: bool = False
+    kind: str,
+    workcell: Workcell,
+    regrasp_m: float | None = 0.03,
+    reactive: ReactiveConfig | None = None,
 ) -> FeedbackExpert | ReactiveExpert:
     """The labelling expert `kind` (one of LABELLERS); `regrasp_m` is the feedback expert's
-    lost-grasp limit (the reactive expert needs none: it remembers no grasp); `keep_held` is the
-    reactive expert's (`ReactiveConfig.keep_held`: a grip off the centre is kept and lifted)."""
+    lost-grasp limit (the reactive expert needs none: it remembers no grasp); `reactive` the
+    reactive expert's configuration (default `ReactiveConfig()`)."""
     if kind == "feedback":
-        if keep_held:
-            raise ValueError("keep_held is the reactive expert's option")
+        if reactive is not None:
+            raise ValueError("a ReactiveConfig configures the reactive expert only")
         return FeedbackExpert(workcell.model, FeedbackConfig(regrasp_m=regrasp_m))
     if kind == "reactive":
-        return ReactiveExpert(workcell.model, ReactiveConfig(keep_held=keep_held))
+        return ReactiveExpert(workcell.model, reactive or ReactiveConfig())
     raise ValueError(f"expert must be one of {LABELLERS}, got {kind!r}")
+
+
+def reactive_config(
+    keep_held: bool = False, aligned_m: float | None = None, gripper_open: float | None = None
+) -> ReactiveConfig:
+    """`ReactiveConfig()` with the command line's changes: `aligned_m` is both the horizontal
+    error it descends within and the one it closes within; `gripper_open` the open value."""
+    config = dataclasses.replace(ReactiveConfig(), keep_held=keep_held)
+    if aligned_m is not None:
+        config = dataclasses.replace(config, aligned_m=aligned_m, close_xy_m=aligned_m)
+    if gripper_open is not None:
+        waypoints = dataclasses.replace(config.waypoints, gripper_open=gripper_open)
+        config = dataclasses.replace(config, waypoints=waypoints)
+    return config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +245,7 @@ class RecordingLabeller(LabellingPolicy):
                 "generator": "oxygen_ros.training.dagger",
                 "beta": self.beta,
                 "expert": expert_name(self.expert),
-                "keep_held": bool(getattr(self.expert.config, "keep_held", False)),
+                "labeller_config": dataclasses.asdict(self.expert.config),
                 "expert_subtasks": self.labels.subtask[-result.frames :],
             },
         )
@@ -242,7 +262,7 @@ def collect(
     beta: float = 0.0,
     regrasp_m: float | None = 0.03,
     expert_kind: str = "feedback",
-    keep_held: bool = False,
+    reactive: ReactiveConfig | None = None,
 ) -> list:
     """Runs `checkpoint` (or "expert") on `seeds` and writes their relabelled episodes to
     `out`; returns the rollouts' results."""
@@ -252,7 +272,7 @@ def collect(
     workcell = Workcell(WorkcellConfig())
     results = []
     try:
-        expert = make_labeller(expert_kind, workcell, regrasp_m, keep_held)
+        expert = make_labeller(expert_kind, workcell, regrasp_m, reactive)
         labeller = RecordingLabeller(
             policy,
             expert,
@@ -290,12 +310,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     data.add_object_state_argument(parser)
     parser.add_argument("--regrasp-m", type=float, default=0.03)
     parser.add_argument("--expert", choices=LABELLERS, default="feedback", help="the labeller")
+    default = ReactiveConfig()
     parser.add_argument(
         "--keep-held",
         action="store_true",
         help="reactive: a cube held off the centre is kept and lifted, not let go",
     )
+    parser.add_argument(
+        "--aligned-m",
+        type=float,
+        default=None,
+        help="reactive: descend onto and close on a cube within this horizontally (default "
+        f"{default.aligned_m} to descend, {default.close_xy_m} to close)",
+    )
+    parser.add_argument(
+        "--gripper-open",
+        type=float,
+        default=None,
+        help=f"reactive: the open gripper's value (default {default.waypoints.gripper_open}; "
+        "1 is the widest)",
+    )
     args = parser.parse_args(argv)
+    reactive = None
+    if args.expert == "reactive":
+        reactive = reactive_config(args.keep_held, args.aligned_m, args.gripper_open)
+    elif args.keep_held or args.aligned_m is not None or args.gripper_open is not None:
+        parser.error("--keep-held, --aligned-m and --gripper-open configure the reactive expert")
     config = rollout.RolloutConfig(
         execute_s=args.execute_s, object_state=args.object_state, speak=False, preset=args.preset
     )
@@ -307,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.beta,
         args.regrasp_m,
         args.expert,
-        args.keep_held,
+        reactive,
     )
     summary = rollout.summarise(results)
     print(json.dumps(summary))

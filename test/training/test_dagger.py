@@ -3,7 +3,7 @@ from a state is exactly the chunk generate_demos records from it, labelling leav
 unchanged, the labelling policy executes the learner (or the expert with beta = 1, which then
 succeeds) and records a label per observation, written as an episode file that training loads
 with those labels, and with `regrasp_m` the feedback expert starts over after a lost grasp
-(without it, it does not); the reactive expert's `keep_held` reaches it (and no other)."""
+(without it, it does not); a reactive configuration reaches the reactive expert (and no other)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from oxygen_ros.engine.config import get_model_config
 from oxygen_ros.sim import generate_demos, robot, tasks
 from oxygen_ros.sim.feedback_expert import FeedbackConfig, FeedbackExpert
+from oxygen_ros.sim.reactive_expert import ReactiveConfig
 from oxygen_ros.sim.recorder import episode_path, read_episode
 from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
 from oxygen_ros.training import dagger, data, rollout
@@ -145,11 +146,18 @@ def test_beta_outside_unit_interval_is_refused(cell) -> None:
         dagger.LabellingPolicy(_Hold(), FeedbackExpert(cell.model), dagger.Labels(), beta=1.5)
 
 
-def test_keep_held_reaches_only_the_reactive_labeller(cell) -> None:
-    assert dagger.make_labeller("reactive", cell, keep_held=True).config.keep_held
-    assert not dagger.make_labeller("reactive", cell).config.keep_held
-    with pytest.raises(ValueError, match="keep_held"):
-        dagger.make_labeller("feedback", cell, keep_held=True)
+def test_a_reactive_config_reaches_only_the_reactive_labeller(cell) -> None:
+    config = ReactiveConfig(keep_held=True, aligned_m=0.01)
+    assert dagger.make_labeller("reactive", cell, reactive=config).config == config
+    assert dagger.make_labeller("reactive", cell).config == ReactiveConfig()
+    with pytest.raises(ValueError, match="reactive expert only"):
+        dagger.make_labeller("feedback", cell, reactive=config)
+    # the command line's: one width to descend and close within, the open gripper's value
+    assert dagger.reactive_config() == ReactiveConfig()
+    wide = dagger.reactive_config(True, 0.01, 1.0)
+    assert wide.keep_held and wide.aligned_m == wide.close_xy_m == 0.01
+    assert wide.waypoints.gripper_open == 1.0
+    assert wide.close_z_m == ReactiveConfig().close_z_m
 
 
 @pytest.mark.parametrize("regrasp_m", [None, 0.03])
