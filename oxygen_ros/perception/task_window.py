@@ -45,6 +45,12 @@ MAX_LAG_S = 1.0  # a start further ahead of a newer time means the clock went ba
 STAMP_TOLERANCE_S = 1e-6
 
 
+def _went_back(seen_s: float, now_s: float) -> bool:
+    """A time seen before lies more than `MAX_LAG_S` ahead of the newer `now_s`: the clock
+    went back in between."""
+    return seen_s > now_s + MAX_LAG_S
+
+
 class TaskWindow:
     """The start of the current task and the images fed to its tracker."""
 
@@ -56,14 +62,14 @@ class TaskWindow:
 
     def received(self, image_stamp: float) -> None:
         """The node received an image stamped `image_stamp` (fed to the tracker or not)."""
-        if image_stamp > self._received_s or self._received_s > image_stamp + MAX_LAG_S:
+        if image_stamp > self._received_s or _went_back(self._received_s, image_stamp):
             self._received_s = image_stamp  # newer, or the clock went back
 
     def on_instruction(self, now_s: float) -> None:
         """A new task (with a fresh tracker) at the receiving clock's `now_s`."""
-        if self._reset_s > now_s + MAX_LAG_S:  # a reset of a clock that went back since
+        if _went_back(self._reset_s, now_s):  # a reset of the clock before
             self._reset_s = -math.inf
-        if self._received_s > now_s + MAX_LAG_S:  # an image of a clock that went back since
+        if _went_back(self._received_s, now_s):  # an image of the clock before
             self._received_s = -math.inf
         self.start_s = max(now_s, self._reset_s, self._received_s)
         self._fed_from = math.inf
@@ -72,7 +78,7 @@ class TaskWindow:
         """A new episode's reset at `reset_s` (the caller passes each episode once); True when
         the tracker must start afresh: it began before the reset, or was fed an image taken
         at or before it, or the clock went back."""
-        went_back = self.start_s > reset_s + MAX_LAG_S
+        went_back = _went_back(self.start_s, reset_s)
         self._reset_s = reset_s
         if went_back or self.start_s < reset_s or self._fed_from <= reset_s:
             self.start_s = reset_s
