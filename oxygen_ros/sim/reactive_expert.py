@@ -113,8 +113,11 @@ class ReactiveExpert:
         self._subtask, self.unreachable_ticks = snapshot
 
     # ------------------------------------------------------------------ the control law
-    def pinch_and_gripper(self, workcell: Workcell) -> tuple[np.ndarray, bool]:
-        """This tick's pinch target [3] and whether the gripper is commanded open."""
+    def pinch_and_gripper(
+        self, workcell: Workcell, evaluation: tasks.Evaluation | None = None
+    ) -> tuple[np.ndarray, bool]:
+        """This tick's pinch target [3] and whether the gripper is commanded open;
+        `evaluation` is `tasks.evaluate` of this state when the caller already has it."""
         c, spec = self.config, self._spec
         w = c.waypoints
         cube = np.asarray(workcell.object_pose(spec.target).position, np.float64)
@@ -129,7 +132,7 @@ class ReactiveExpert:
             c.keep_held
             and not on_cube
             and lift >= c.kept_lift_m
-            and tasks.evaluate(workcell, spec).held
+            and (evaluation if evaluation is not None else tasks.evaluate(workcell, spec)).held
         )
         grip = pinch - cube if off_centre else np.zeros(3)
         on_cube = on_cube or off_centre
@@ -171,9 +174,18 @@ class ReactiveExpert:
         as inverse kinematics gets (counted in `unreachable_ticks`)."""
         if self._spec is None:
             raise RuntimeError("reset() before command()")
+        evaluation = tasks.evaluate(workcell, self._spec)
+        self._subtask = evaluation.stage
+        position, open_gripper = self.pinch_and_gripper(workcell, evaluation)
+        waypoints = self.config.waypoints
+        gripper = waypoints.gripper_open if open_gripper else waypoints.gripper_closed
+        return self.steer(workcell, position, gripper)
+
+    def steer(self, workcell: Workcell, position: np.ndarray, gripper: float) -> np.ndarray:
+        """The 14 joint targets that move the episode's arm's pinch point towards `position`
+        (fingers down, across the cube's current yaw) by at most `lead_rad` per joint, with
+        the gripper target `gripper`; the other arm is held at home."""
         spec = self._spec
-        self._subtask = tasks.evaluate(workcell, spec).stage
-        position, open_gripper = self.pinch_and_gripper(workcell)
         kin = self.kinematics[spec.arm]
         cube = workcell.object_pose(spec.target)
         rotation = gripper_rotation(DOWN, ScriptedExpert.finger_axis(kin, cube))
@@ -183,12 +195,6 @@ class ReactiveExpert:
         result = kin.solve(position, rotation, seed)
         if not result.converged:
             self.unreachable_ticks += 1
-        waypoints = self.config.waypoints
         return lead_command(
-            robot.HOME,
-            measured,
-            spec.arm,
-            result.q,
-            self.config.lead_rad,
-            waypoints.gripper_open if open_gripper else waypoints.gripper_closed,
+            robot.HOME, measured, spec.arm, result.q, self.config.lead_rad, gripper
         )

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 from oxygen_ros.sim import generate_demos, robot, tasks
-from oxygen_ros.sim.expert import DOWN, ExpertConfig, ScriptedExpert
-from oxygen_ros.sim.feedback_expert import FeedbackExpert, lead_command
-from oxygen_ros.sim.kinematics import gripper_rotation
+from oxygen_ros.sim.expert import ExpertConfig
+from oxygen_ros.sim.feedback_expert import FeedbackExpert
 from oxygen_ros.sim.reactive_expert import ReactiveConfig, ReactiveExpert
 from oxygen_ros.sim.recorder import episode_path, read_episode
 from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
@@ -201,10 +200,9 @@ def _grip_above_centre(cell: Workcell, spec: tasks.EpisodeSpec, height_m: float)
     """Closes `spec`'s arm on its cube with the pinch point `height_m` above the cube's centre
     (the fingers on its top part) and lifts 2 cm: a grip off the centre, as a learner makes."""
     expert = ReactiveExpert(cell.model)
-    kin = expert.kinematics[spec.arm]
     cell.reset(robot.HOME, spec.objects)
-    pose = cell.object_pose(spec.target)
-    rotation = gripper_rotation(DOWN, ScriptedExpert.finger_axis(kin, pose))
+    expert.reset(cell, spec)
+    centre = np.asarray(cell.object_pose(spec.target).position, np.float64)
     waypoints = expert.config.waypoints
     steps = (
         (height_m + 0.05, waypoints.gripper_open, 2.0),
@@ -213,13 +211,9 @@ def _grip_above_centre(cell: Workcell, spec: tasks.EpisodeSpec, height_m: float)
         (height_m + 0.02, waypoints.gripper_closed, 0.8),
     )
     for height, gripper, seconds in steps:
-        target = np.asarray(pose.position, np.float64) + np.array((0.0, 0.0, height))
+        target = centre + np.array((0.0, 0.0, height))
         for _ in range(round(seconds / CONTROL_DT)):
-            measured = cell.joint_positions()
-            seed = measured[robot.arm_columns(spec.arm)].copy()
-            seed[0] = kin.waist_towards(target)
-            goal = kin.solve(target, rotation, seed).q
-            cell.set_targets(lead_command(robot.HOME, measured, spec.arm, goal, 0.04, gripper))
+            cell.set_targets(expert.steer(cell, target, gripper))
             cell.step(CONTROL_DT)
 
 
