@@ -33,7 +33,12 @@ the true pose of the named cube and the episode (`tasks.EpisodeSpec`: arm, actio
   held: the gripper stays closed and the cube is steered as above, the pinch target offset by
   where the grip sits on it. Without it such a grip reads as open and the command lets go to
   grasp again at the centre, a recovery the expert makes but a learner copying the label only
-  half-way (a gripper target between open and closed) turns into a dropped cube.
+  half-way (a gripper target between open and closed) turns into a dropped cube;
+- with `grip_high_m` (off by default; DAgger's `--grip-high-m`): fingers on a cube still on
+  the table (its bottom at most `resting_m` up) with the pinch point more than `grip_high_m`
+  above its centre read as not holding, so the command opens and descends to grasp at the
+  centre: a learner that closes its fingers on the cube's top edge, where the default lifts
+  and the cube slips out, is labelled to let go before lifting, where nothing can drop.
 
 The pinch target's joints come from inverse kinematics seeded at the measured arm joints
 (waist turned towards the target), with the grasp's wrist from the cube's current yaw (the face
@@ -80,9 +85,12 @@ class ReactiveConfig:
     held_min: float = 0.45  # ... below this: closed on nothing (a 4 cm cube stops them ~0.6)
     goal_funnel_m: float = 0.04  # move: within this of the goal the carry goes all the way
     at_goal_m: float = 0.01  # move: the cube this close to the goal counts as there
-    resting_m: float = 0.004  # move: cube bottom at most this high rests on the table
+    resting_m: float = 0.004  # cube bottom at most this high rests on the table
     keep_held: bool = False  # a lifted cube held off the centre is kept (module docstring)
     kept_lift_m: float = tasks.LIFT_STARTED_M  # ... once the grip has lifted it this far
+    # > 0: fingers on a cube resting on the table with the pinch point more than this above
+    # its centre (a grip on the top edge) let go to grasp again lower (module docstring)
+    grip_high_m: float = 0.0
 
 
 class ReactiveExpert:
@@ -136,6 +144,8 @@ class ReactiveExpert:
         )
         grip = pinch - cube if off_centre else np.zeros(3)
         on_cube = on_cube or off_centre
+        if on_cube and c.grip_high_m > 0 and lift <= c.resting_m:
+            on_cube = float(pinch[2] - cube[2]) <= c.grip_high_m  # a top-edge grip lets go
         if spec.action == "move":
             goal = np.asarray(spec.goal_xy(), np.float64)
             to_goal = goal - cube[:2]

@@ -31,7 +31,9 @@ at a state does not depend on how the learner got there; `--keep-held` has it ke
 cube the fingers hold off the centre, where it would let go (`ReactiveConfig.keep_held`);
 `--aligned-m M` has it descend onto and close on a cube within M horizontally (its `aligned_m`
 and `close_xy_m`) and `--gripper-open V` open the fingers to V (1: 6.9 cm between them, 0.8:
-5.5 cm; the cube is 4 cm): a funnel as wide as the learner's precision.
+5.5 cm; the cube is 4 cm): a funnel as wide as the learner's precision; `--grip-high-m M`
+has it let go of a cube still on the table that the fingers hold more than M above its centre
+(on its top edge) and grasp again lower (`ReactiveConfig.grip_high_m`).
 
 Invariants:
 - Labelling does not change the episode: the physics state and the expert's phase machine after
@@ -81,11 +83,14 @@ def make_labeller(
 
 
 def reactive_config(
-    keep_held: bool = False, aligned_m: float | None = None, gripper_open: float | None = None
+    keep_held: bool = False,
+    aligned_m: float | None = None,
+    gripper_open: float | None = None,
+    grip_high_m: float = 0.0,
 ) -> ReactiveConfig:
     """`ReactiveConfig()` with the command line's changes: `aligned_m` is both the horizontal
     error it descends within and the one it closes within; `gripper_open` the open value."""
-    config = dataclasses.replace(ReactiveConfig(), keep_held=keep_held)
+    config = dataclasses.replace(ReactiveConfig(), keep_held=keep_held, grip_high_m=grip_high_m)
     if aligned_m is not None:
         config = dataclasses.replace(config, aligned_m=aligned_m, close_xy_m=aligned_m)
     if gripper_open is not None:
@@ -330,12 +335,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"reactive: the open gripper's value (default {default.waypoints.gripper_open}; "
         "1 is the widest)",
     )
+    parser.add_argument(
+        "--grip-high-m",
+        type=float,
+        default=0.0,
+        help="reactive: fingers on a cube resting on the table with the pinch point more than "
+        "this above its centre let go and grasp again lower (default 0: off)",
+    )
     args = parser.parse_args(argv)
     reactive = None
+    reactive_flags = (args.keep_held, args.aligned_m, args.gripper_open, args.grip_high_m)
     if args.expert == "reactive":
-        reactive = reactive_config(args.keep_held, args.aligned_m, args.gripper_open)
-    elif args.keep_held or args.aligned_m is not None or args.gripper_open is not None:
-        parser.error("--keep-held, --aligned-m and --gripper-open configure the reactive expert")
+        reactive = reactive_config(*reactive_flags)
+    elif reactive_flags != (False, None, None, 0.0):
+        parser.error(
+            "--keep-held, --aligned-m, --gripper-open and --grip-high-m configure the "
+            "reactive expert"
+        )
     config = rollout.RolloutConfig(
         execute_s=args.execute_s, object_state=args.object_state, speak=False, preset=args.preset
     )

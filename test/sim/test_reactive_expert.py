@@ -79,7 +79,11 @@ WIDE = ReactiveConfig(
 )
 
 
-@pytest.mark.parametrize("config", [ReactiveConfig(), WIDE], ids=["default", "wide"])
+@pytest.mark.parametrize(
+    "config",
+    [ReactiveConfig(), WIDE, dataclasses.replace(WIDE, grip_high_m=0.012)],
+    ids=["default", "wide", "wide_grip_high"],
+)
 @pytest.mark.parametrize("template", list(tasks.TEMPLATES))
 def test_episodes_succeed_through_every_stage_in_order(
     cell: Workcell, template: str, config: ReactiveConfig
@@ -196,9 +200,12 @@ def test_generate_demos_records_the_reactive_expert(tmp_path) -> None:
     assert order[0] == 0 and order[-1] == len(labels) - 1 and np.all(np.diff(order) >= 0)
 
 
-def _grip_above_centre(cell: Workcell, spec: tasks.EpisodeSpec, height_m: float) -> None:
+def _grip_above_centre(
+    cell: Workcell, spec: tasks.EpisodeSpec, height_m: float, lift_m: float = 0.02
+) -> None:
     """Closes `spec`'s arm on its cube with the pinch point `height_m` above the cube's centre
-    (the fingers on its top part) and lifts 2 cm: a grip off the centre, as a learner makes."""
+    (the fingers on its top part) and lifts `lift_m`: a grip off the centre, as a learner
+    makes."""
     expert = ReactiveExpert(cell.model)
     cell.reset(robot.HOME, spec.objects)
     expert.reset(cell, spec)
@@ -208,7 +215,7 @@ def _grip_above_centre(cell: Workcell, spec: tasks.EpisodeSpec, height_m: float)
         (height_m + 0.05, waypoints.gripper_open, 2.0),
         (height_m, waypoints.gripper_open, 1.5),
         (height_m, waypoints.gripper_closed, 0.8),
-        (height_m + 0.02, waypoints.gripper_closed, 0.8),
+        (height_m + lift_m, waypoints.gripper_closed, 0.8),
     )
     for height, gripper, seconds in steps:
         target = centre + np.array((0.0, 0.0, height))
@@ -248,3 +255,35 @@ def test_keep_held_lifts_a_cube_held_off_the_centre(cell: Workcell) -> None:
         assert evaluation.held, "the kept grip let the cube go"
         tracker.update(evaluation, cell.time)
     assert tracker.succeeded
+
+
+def test_grip_high_lets_go_of_a_top_edge_grip_and_grasps_at_the_centre(cell: Workcell) -> None:
+    """Fingers closed on the cube's top part (pinch 20 mm above its centre), the cube still on
+    the table: by default the expert holds and lifts (the positive control); with
+    `grip_high_m` it opens and descends, grasps again at the centre and the pick succeeds."""
+    spec = _specs("pick", 1, start=500)[0]
+    config = ReactiveConfig()
+    _grip_above_centre(cell, spec, 0.02, lift_m=0.0)
+    evaluation = tasks.evaluate(cell, spec)
+    assert evaluation.held and evaluation.lift_m <= config.resting_m, evaluation
+    pinch = cell.site_position(f"{spec.arm}_pinch")
+    default = ReactiveExpert(cell.model, config)
+    default.reset(cell, spec)
+    target, open_gripper = default.pinch_and_gripper(cell)
+    assert not open_gripper and target[2] > pinch[2]  # positive control: lifts the top grip
+    low = ReactiveExpert(cell.model, dataclasses.replace(config, grip_high_m=0.012))
+    low.reset(cell, spec)
+    target, open_gripper = low.pinch_and_gripper(cell)
+    assert open_gripper and target[2] < pinch[2] - 0.015
+    tracker = tasks.SuccessTracker()
+    grasped_at = None
+    start = cell.time
+    while cell.time - start < 8.0 and not tracker.succeeded:
+        cell.set_targets(low.command(cell))
+        cell.step(CONTROL_DT)
+        evaluation = tasks.evaluate(cell, spec)
+        if evaluation.lift_m >= config.kept_lift_m and grasped_at is None:
+            grasped_at = evaluation.pinch_distance_m
+        tracker.update(evaluation, cell.time)
+    assert tracker.succeeded
+    assert grasped_at is not None and grasped_at <= 0.01, grasped_at  # lifted from the centre

@@ -157,7 +157,8 @@ def test_a_reactive_config_reaches_only_the_reactive_labeller(cell) -> None:
     wide = dagger.reactive_config(True, 0.01, 1.0)
     assert wide.keep_held and wide.aligned_m == wide.close_xy_m == 0.01
     assert wide.waypoints.gripper_open == 1.0
-    assert wide.close_z_m == ReactiveConfig().close_z_m
+    assert wide.close_z_m == ReactiveConfig().close_z_m and wide.grip_high_m == 0.0
+    assert dagger.reactive_config(grip_high_m=0.012).grip_high_m == 0.012
 
 
 @pytest.mark.parametrize("regrasp_m", [None, 0.03])
