@@ -86,11 +86,14 @@ def reactive_config(
     keep_held: bool = False,
     aligned_m: float | None = None,
     gripper_open: float | None = None,
-    grip_high_m: float = 0.0,
+    grip_high_m: float | None = None,
 ) -> ReactiveConfig:
-    """`ReactiveConfig()` with the command line's changes: `aligned_m` is both the horizontal
-    error it descends within and the one it closes within; `gripper_open` the open value."""
-    config = dataclasses.replace(ReactiveConfig(), keep_held=keep_held, grip_high_m=grip_high_m)
+    """`ReactiveConfig()` with the command line's changes (None keeps its default): `aligned_m`
+    is both the horizontal error it descends within and the one it closes within;
+    `gripper_open` the open value."""
+    config = dataclasses.replace(ReactiveConfig(), keep_held=keep_held)
+    if grip_high_m is not None:
+        config = dataclasses.replace(config, grip_high_m=grip_high_m)
     if aligned_m is not None:
         config = dataclasses.replace(config, aligned_m=aligned_m, close_xy_m=aligned_m)
     if gripper_open is not None:
@@ -338,16 +341,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--grip-high-m",
         type=float,
-        default=0.0,
+        default=None,
         help="reactive: fingers on a cube resting on the table with the pinch point more than "
-        "this above its centre let go and grasp again lower (default 0: off)",
+        f"this above its centre let go and grasp again lower (default {default.grip_high_m}: "
+        "off)",
     )
     args = parser.parse_args(argv)
     reactive = None
-    reactive_flags = (args.keep_held, args.aligned_m, args.gripper_open, args.grip_high_m)
+    names = ("keep_held", "aligned_m", "gripper_open", "grip_high_m")
+    reactive_flags = tuple(getattr(args, name) for name in names)
     if args.expert == "reactive":
         reactive = reactive_config(*reactive_flags)
-    elif reactive_flags != (False, None, None, 0.0):
+    elif reactive_flags != tuple(parser.get_default(name) for name in names):
         parser.error(
             "--keep-held, --aligned-m, --gripper-open and --grip-high-m configure the "
             "reactive expert"

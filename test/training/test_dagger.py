@@ -161,6 +161,35 @@ def test_a_reactive_config_reaches_only_the_reactive_labeller(cell) -> None:
     assert dagger.reactive_config(grip_high_m=0.012).grip_high_m == 0.012
 
 
+class _CollectedError(Exception):
+    """Raised by a stand-in for dagger.collect: main got as far as collecting."""
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--keep-held"],
+        ["--aligned-m", "0.01"],
+        ["--gripper-open", "1"],
+        ["--grip-high-m", "0.012"],
+    ],
+)
+def test_main_refuses_reactive_flags_for_another_expert(monkeypatch, flag) -> None:
+    def collect(*args):
+        raise _CollectedError(args)
+
+    monkeypatch.setattr(dagger, "collect", collect)
+    base = ["--checkpoint", "expert", "--seeds", "0:1", "--out", "unused"]
+    with pytest.raises(SystemExit):  # a reactive flag with the feedback labeller
+        dagger.main([*base, "--expert", "feedback", *flag])
+    with pytest.raises(_CollectedError) as plain:  # positive control: no flag goes on to collect
+        dagger.main([*base, "--expert", "feedback"])
+    assert plain.value.args[0][-1] is None
+    with pytest.raises(_CollectedError) as reactive:  # the reactive labeller takes the flag
+        dagger.main([*base, "--expert", "reactive", *flag])
+    assert reactive.value.args[0][-1] != ReactiveConfig()
+
+
 @pytest.mark.parametrize("regrasp_m", [None, 0.03])
 def test_a_lost_grasp_starts_over_only_with_regrasp(regrasp_m) -> None:
     cell = Workcell(WorkcellConfig(render=False))
