@@ -80,12 +80,21 @@ def test_a_persistent_cache_load_counts_as_a_compilation(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_a_warmed_up_engine_serves_every_active_count_without_compiling() -> None:
+def test_a_warmed_up_engine_serves_every_active_count_without_compiling(tmp_path: Path) -> None:
     """compile_probe.py in a new process: warmup(), then 1..num_slots active requests and
-    tail extends of every width (a persistent compilation cache in the environment may serve
-    them: its loads count too)."""
+    tail extends of every width.
+
+    The probe runs with a fresh, empty persistent compilation cache, as the nodes run
+    (bringup.py sets one): warmup() compiles (nothing is on disk yet) and writes what it
+    compiled there; serving finds its programs in memory (a jit cache miss would count, be it
+    an XLA compilation or a load from disk: test_a_persistent_cache_load_counts_as_a_
+    compilation); the control after clear_caches() loads every program from disk, which counts
+    once per program as a compilation does, instead of compiling it all a second time."""
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")  # empty: warmup() compiles
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # every program goes to disk
+    env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
     proc = subprocess.run(
         [sys.executable, "-P", str(PROBE)],
         env=env,
