@@ -50,9 +50,18 @@ print(json.dumps({"counts": counts, "hits": len(hits)}))
 """
 
 
-def run_cache_probe(cache_dir: Path) -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache_dir))
+def persistent_cache_env(cache_dir: Path) -> dict[str, str]:
+    """This process's environment with a persistent compilation cache in `cache_dir` that
+    keeps every program, however fast it compiled and however small it is."""
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache_dir))
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    return env
+
+
+def run_cache_probe(cache_dir: Path) -> dict:
+    env = persistent_cache_env(cache_dir)
+    env["JAX_PLATFORMS"] = "cpu"
     proc = subprocess.run(
         [sys.executable, "-P", "-c", CACHE_PROBE],
         env=env,
@@ -90,11 +99,8 @@ def test_a_warmed_up_engine_serves_every_active_count_without_compiling(tmp_path
     an XLA compilation or a load from disk: test_a_persistent_cache_load_counts_as_a_
     compilation); the control after clear_caches() loads every program from disk, which counts
     once per program as a compilation does, instead of compiling it all a second time."""
-    env = dict(os.environ)
+    env = persistent_cache_env(tmp_path / "jax_cache")  # empty: warmup() compiles
     env.setdefault("JAX_PLATFORMS", "cpu")
-    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")  # empty: warmup() compiles
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # every program goes to disk
-    env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
     proc = subprocess.run(
         [sys.executable, "-P", str(PROBE)],
         env=env,
