@@ -1,7 +1,8 @@
-"""The workcell profile's checkpoint (config/workcell.yaml's inference checkpoint_dir: run 38
-of the DAgger line, models/workcell_run38) through the engine, no ROS: what it says at the
-first frame of held-out episodes (seeds never trained on: its demonstrations used seeds
-1000-1999, its DAgger rounds 500-799; models/workcell_run38/run.json).
+"""The workcell profile's checkpoint (config/workcell.yaml's inference checkpoint_dir: run 64
+of the one-frequency DAgger line, models/workcell_run64) through the engine, no ROS: what it
+says at the first frame of held-out episodes (seeds never trained on: its line's
+demonstrations used seeds 1000-1999, its DAgger rounds 920-979, 120-179 and 180-239;
+docs/TRAINING.md "Runs 62-66").
 
 The checkpoint, its preset and its object state are read from the YAML, so this test follows
 the default. Asserted is what the checkpoint measurably does: at the first frame of 40
@@ -23,6 +24,7 @@ from oxygen_ros import graph
 from oxygen_ros.engine.config import SchedulerConfig
 from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.types import LanguageRequest
+from oxygen_ros.perception import workcell_cubes
 from oxygen_ros.resources import resolve_path
 from oxygen_ros.sim import language, tasks
 from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
@@ -57,9 +59,9 @@ def workcell():
 
 
 def test_the_profile_serves_the_line_checkpoint() -> None:
-    assert Path(CHECKPOINT).name == "workcell_run38"
-    assert INFERENCE["model_preset"] == PERCEPTION["model_preset"] == "workcell_target_bins"
-    assert PERCEPTION["cube_state"] == "target" and PERCEPTION["cube_state_camera"]
+    assert Path(CHECKPOINT).name == "workcell_run64"
+    assert INFERENCE["model_preset"] == PERCEPTION["model_preset"] == "workcell_target_m_bins"
+    assert PERCEPTION["cube_state"] == "target_m" and PERCEPTION["cube_state_camera"]
 
 
 def test_held_out_first_frames_say_what_the_expert_says(engine, workcell) -> None:
@@ -88,6 +90,6 @@ def test_checkpoint_is_small_and_self_contained() -> None:
         assert (ASSETS / name).is_file(), name
     layout = json.loads((ASSETS / "state_layout.json").read_text())
     assert layout["joint_names"] == PROFILE["/**"]["ros__parameters"]["joint_names"]
-    assert len(layout["state_extra_names"]) == 13  # workcell_cubes.TARGET_STATE_NAMES
+    assert layout["state_extra_names"] == list(workcell_cubes.TARGET_METRES_STATE_NAMES)
     run = json.loads((root / "run.json").read_text())["config"]
-    assert run["preset"] == INFERENCE["model_preset"] and run["object_state"] == "target"
+    assert run["preset"] == INFERENCE["model_preset"] and run["object_state"] == "target_m"
