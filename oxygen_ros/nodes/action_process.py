@@ -56,8 +56,8 @@ from typing import Any
 
 import numpy as np
 
+from oxygen_ros.engine.action_stream import Slice, StreamConfig
 from oxygen_ros.nodes.action_publisher import ActionPublisher, raise_thread_priority
-from oxygen_ros.nodes.action_stream import Slice, StreamConfig
 from oxygen_ros.nodes.conversions import action_chunk_msg, joint_trajectory_msg, trajectory_points
 from oxygen_ros.nodes.trajectory_groups import TrajectoryGroup, split_chunk, trajectory_problems
 

@@ -70,7 +70,7 @@ from typing import Any
 
 import numpy as np
 
-from oxygen_ros.nodes.action_stream import (
+from oxygen_ros.engine.action_stream import (
     HOLD_CHUNK_ID,
     ActionStream,
     RejectedChunkError,

@@ -26,9 +26,9 @@ from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
 from sensor_msgs.msg import Image
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
+from oxygen_ros.engine.action_stream import Slice
 from oxygen_ros.engine.types import Observation, RequestKind, RequestOutput, RequestStatus
 from oxygen_ros.msg import ActionChunk, MemoryEntry, ObservationFrame, SpeechToken
-from oxygen_ros.nodes.action_stream import Slice
 from oxygen_ros.nodes.fusion import FusedFrame
 from oxygen_ros.nodes.memory_store import MemoryRecord
 from oxygen_ros.nodes.trajectory_groups import GroupTrajectory, TrajectoryPoint

@@ -75,12 +75,12 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from std_msgs.msg import String
 
+from oxygen_ros.engine.action_stream import StreamConfig
 from oxygen_ros.engine.types import RequestKind, RequestOutput
 from oxygen_ros.msg import EpisodeStatus, MemoryEntry, ObservationFrame, SpeechToken
 from oxygen_ros.nodes import params as P
 from oxygen_ros.nodes.action_process import ActionProcess, ActionProcessConfig
 from oxygen_ros.nodes.action_publisher import PARAMETERS as ACTION_PARAMETERS
-from oxygen_ros.nodes.action_stream import StreamConfig
 from oxygen_ros.nodes.conversions import (
     MSG_TO_KIND,
     memory_entry_msg,

@@ -315,6 +315,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="directory of the relabelled episodes")
     parser.add_argument("--beta", type=float, default=0.0, help="share of frames the expert runs")
     parser.add_argument("--execute-s", type=float, default=0.1)
+    parser.add_argument(
+        "--blend-steps",
+        type=int,
+        default=rollout.RolloutConfig.blend_steps,
+        help="each executed chunk blended in over this many rows, as the inference node does "
+        "(rollout.RolloutConfig.blend_steps; 0: off)",
+    )
     data.add_object_state_argument(parser)
     parser.add_argument("--regrasp-m", type=float, default=0.03)
     parser.add_argument("--expert", choices=LABELLERS, default="feedback", help="the labeller")
@@ -358,7 +365,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "reactive expert"
         )
     config = rollout.RolloutConfig(
-        execute_s=args.execute_s, object_state=args.object_state, speak=False, preset=args.preset
+        execute_s=args.execute_s,
+        object_state=args.object_state,
+        speak=False,
+        preset=args.preset,
+        blend_steps=args.blend_steps,
     )
     results = collect(
         args.checkpoint,

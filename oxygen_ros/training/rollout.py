@@ -5,9 +5,12 @@ the tracker's dwell) or the task's time limit, an observation is taken exactly a
 node builds it (three cameras resized to the model resolution, the joint state, optionally the
 tracked cube positions), the engine runs one frame with a subtask request, and the chunk drives
 the arms for `execute_s` of sim time: row k is the target at the observation time + k * dt,
-linear in between (the sim node's command buffer), held after the last row. Nothing waits on a
-wall clock, so a rollout measures the policy alone: what the ROS graph adds (latency, blending,
-rates) is the difference to `benchmarks/closed_loop` on the same seeds.
+linear in between (the sim node's command buffer), held after the last row. With
+`blend_steps` N > 0 each chunk is first handed over from the previous one over N rows by the
+inference node's own action stream (`engine/action_stream.py`, a pure module), as the graph
+does. Nothing waits on a wall clock, so a rollout measures the policy alone: what the ROS graph
+adds (latency, rates, and the blend where it is off here) is the difference to
+`benchmarks/closed_loop` on the same seeds.
 
 Measured per episode: success, the furthest stage reached (`tasks.evaluate`'s stage index), the
 spoken subtask against the stage at each observation (with the confusion: stage -> what was
@@ -16,7 +19,7 @@ whether the arm still held it at the end, and the frames run.
 
 `python -m oxygen_ros.training.rollout --checkpoint DIR --seeds 0:10 [--execute-s 0.5]
 [--noise fresh|episode] [--noise-scale 1.0] [--object-state [positions|poses|reach|target]]
-[--blind] [--rtc-guidance BETA] [--out results.json]
+[--blind] [--rtc-guidance BETA] [--blend-steps N] [--out results.json]
 Nothing here imports rclpy.
 """
 
@@ -33,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from oxygen_ros.engine.action_stream import ActionStream, StreamConfig
 from oxygen_ros.engine.config import RtcConfig, SchedulerConfig
 from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.types import LanguageRequest, Observation, RequestKind
@@ -70,6 +74,12 @@ class RolloutConfig:
     # beta; 0: off): each chunk is denoised to continue the previous one where they overlap.
     # The sim waits for the engine, so the measured delay is 0 and no row is frozen.
     rtc_guidance: float = 0.0
+    # Each new chunk handed over from the previous one over this many rows, as the inference
+    # node's action stream does (`engine/action_stream.py`, `chunk_transition: blend`; the
+    # workcell profile's `blend_steps` is 3): row k < N of the new chunk is (k + 1) / (N + 1)
+    # of its own value and the rest the previous chunk's at the same time. 0: off (each chunk
+    # at once, the rollouts before 2026-12-02).
+    blend_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.noise not in NOISE_MODES:
@@ -79,6 +89,8 @@ class RolloutConfig:
                 f"object_state must be one of {workcell_cubes.OBJECT_STATES}, "
                 f"got {self.object_state!r}"
             )
+        if self.blend_steps < 0:
+            raise ValueError(f"blend_steps must be >= 0, got {self.blend_steps}")
         if self.rtc_guidance < 0:
             raise ValueError(f"rtc_guidance must be >= 0, got {self.rtc_guidance}")
         if not 0.0 <= self.noise_scale <= 1.0:
@@ -190,6 +202,21 @@ class ExpertPolicy:
         return rows, self._plan.subtask(observation.stamp)
 
 
+def blending_stream(config: RolloutConfig) -> ActionStream | None:
+    """The inference node's action stream with only its blend (no clamps, no age limit: the
+    sim waits for the engine), or None when `config.blend_steps` is 0."""
+    if not config.blend_steps:
+        return None
+    stream_config = StreamConfig(
+        dt=config.action_dt_s,
+        num_joints=robot.NUM_JOINTS,
+        blend_mode="blend",
+        blend_steps=config.blend_steps,
+        max_chunk_age_s=math.inf,
+    )
+    return ActionStream(stream_config)
+
+
 def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) -> EpisodeResult:
     """One closed-loop episode of `policy` (`reset(workcell, spec)`, `act(workcell,
     observation) -> (rows [A, 14], subtask text or None)`)."""
@@ -207,6 +234,7 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
         follow_partial_views=config.follow_partial_views,
     )
     ticks_per_frame = max(1, round(config.execute_s * config.control_hz))
+    stream = blending_stream(config)  # one per episode: a new episode continues nothing
     furthest, frames, hits, said = 0, 0, 0, 0
     confusion: dict[str, collections.Counter[str]] = {}
     closest, highest, first_held = np.inf, 0.0, None
@@ -222,6 +250,9 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
         stage = evaluation.stage
         rows, subtask = policy.act(workcell, observation)
         moved.append(moved_arm(rows, observation.state[: robot.NUM_JOINTS]))
+        if stream is not None:  # the sim waits for the engine: no row has passed
+            chunk = stream.offer(rows, observation.stamp, 0.0, now=observation.stamp)
+            rows = np.asarray(chunk.rows, np.float64)
         if subtask is not None:
             said += 1
             hits += subtask == stage
@@ -360,6 +391,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--rtc-guidance", type=float, default=0.0, help="real-time chunking's beta (0: off)"
     )
+    parser.add_argument(
+        "--blend-steps",
+        type=int,
+        default=RolloutConfig.blend_steps,
+        help="each new chunk blended in over this many rows, as the inference node does (0: off)",
+    )
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     config = RolloutConfig(
@@ -371,6 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         blind=args.blind,
         rtc_guidance=args.rtc_guidance,
         preset=args.preset,
+        blend_steps=args.blend_steps,
     )
     episodes, summary = rollouts(args.checkpoint, parse_seeds(args.seeds), config)
     if args.out:

@@ -31,8 +31,8 @@ from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros import graph as graph_params
 from oxygen_ros.action import Instruct
+from oxygen_ros.engine.action_stream import HOLD_CHUNK_ID
 from oxygen_ros.msg import ActionChunk, MemoryEntry, ObservationFrame, SpeechToken
-from oxygen_ros.nodes.action_stream import HOLD_CHUNK_ID
 from oxygen_ros.nodes.conversions import action_chunk_rows, time_to_seconds, trajectory_points
 from oxygen_ros.nodes.runtime import (
     LATCHED_QOS,

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from fake_clock import FakeClock
 
+from oxygen_ros.engine.action_stream import Slice, StreamConfig, TimedChunk
 from oxygen_ros.nodes.action_process import ActionLink, ActionMessages, serve
 from oxygen_ros.nodes.action_publisher import (
     HOLD_CHUNK_ID,
@@ -24,7 +25,6 @@ from oxygen_ros.nodes.action_publisher import (
     TRIGGER_TICK,
     ActionPublisher,
 )
-from oxygen_ros.nodes.action_stream import Slice, StreamConfig, TimedChunk
 from oxygen_ros.nodes.conversions import time_to_seconds
 from oxygen_ros.nodes.trajectory_groups import TrajectoryGroup, parse_groups
 

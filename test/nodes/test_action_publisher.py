@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from fake_clock import FakeClock
 
+from oxygen_ros.engine.action_stream import StreamConfig
 from oxygen_ros.msg import ActionChunk
 from oxygen_ros.nodes.action_publisher import (
     HOLD_CHUNK_ID,
@@ -22,7 +23,6 @@ from oxygen_ros.nodes.action_publisher import (
     TickClock,
     Watchdog,
 )
-from oxygen_ros.nodes.action_stream import StreamConfig
 
 PERIOD = 0.125  # 8 Hz; binary fractions keep the deadline arithmetic exact
 DT = 0.125  # seconds between chunk rows

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from builtin_interfaces.msg import Time
 
+from oxygen_ros.engine.action_stream import Slice, TimedChunk
 from oxygen_ros.engine.types import Observation, RequestKind, RequestOutput, RequestStatus
 from oxygen_ros.msg import ActionChunk, ObservationFrame, SpeechToken
-from oxygen_ros.nodes.action_stream import Slice, TimedChunk
 from oxygen_ros.nodes.conversions import (
     RejectedFrameError,
     action_chunk_msg,

@@ -13,6 +13,7 @@ import pytest
 from fake_clock import FakeClock
 from rclpy.serialization import serialize_message
 
+from oxygen_ros.engine.action_stream import StreamConfig
 from oxygen_ros.engine.types import (
     ActionResult,
     EngineStats,
@@ -24,7 +25,6 @@ from oxygen_ros.engine.types import (
 )
 from oxygen_ros.msg import ObservationFrame
 from oxygen_ros.nodes.action_publisher import TRIGGER_NEW_CHUNK, ActionPublisher
-from oxygen_ros.nodes.action_stream import StreamConfig
 from oxygen_ros.nodes.conversions import rgb_image_msg, seconds_to_time
 from oxygen_ros.nodes.engine_bridge import LanguageQueue
 from oxygen_ros.nodes.engine_loop import (

@@ -190,6 +190,20 @@ def test_main_refuses_reactive_flags_for_another_expert(monkeypatch, flag) -> No
     assert reactive.value.args[0][-1] != ReactiveConfig()
 
 
+def test_main_passes_blend_steps_to_the_rollout_config(monkeypatch) -> None:
+    def collect(*args):
+        raise _CollectedError(args)
+
+    monkeypatch.setattr(dagger, "collect", collect)
+    base = ["--checkpoint", "expert", "--seeds", "0:1", "--out", "unused"]
+    with pytest.raises(_CollectedError) as plain:
+        dagger.main(base)
+    assert plain.value.args[0][3].blend_steps == 0  # off unless asked (the control)
+    with pytest.raises(_CollectedError) as blended:
+        dagger.main([*base, "--blend-steps", "3"])
+    assert blended.value.args[0][3].blend_steps == 3
+
+
 @pytest.mark.parametrize("regrasp_m", [None, 0.03])
 def test_a_lost_grasp_starts_over_only_with_regrasp(regrasp_m) -> None:
     cell = Workcell(WorkcellConfig(render=False))

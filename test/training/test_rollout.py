@@ -153,3 +153,63 @@ def test_the_object_state_follows_the_joints(workcell):
     found = observation.state[robot.NUM_JOINTS :].reshape(3, 2)
     for name, xy in zip(rollout.workcell_cubes.CUBE_NAMES, found, strict=True):
         np.testing.assert_allclose(xy, spec.objects[name][:2], atol=0.005)
+
+
+class _Constant:
+    """A policy whose every chunk holds one pose: `poses[i]` at its i-th frame."""
+
+    def __init__(self, poses, targets):
+        self.poses, self.frame, self.targets, self.starts = poses, 0, targets, []
+
+    def reset(self, workcell, spec):
+        self.frame = 0
+        self.starts.append(len(self.targets))  # the episode's first target's index
+
+    def act(self, workcell, observation):
+        pose = self.poses[min(self.frame, len(self.poses) - 1)]
+        self.frame += 1
+        return np.tile(pose, (10, 1)), None
+
+
+def test_blend_steps_hand_each_chunk_over_as_the_inference_node_does(workcell, monkeypatch):
+    """With `blend_steps` 3 the second chunk's first rows are 1/4, 2/4, 3/4 of the way from the
+    first chunk's pose to its own, then its own; a new episode starts without blending; with
+    blending off (the control) the targets jump to the second pose at once."""
+    first, second = robot.HOME.copy(), robot.HOME.copy()
+    second[0] += 0.4  # the left waist
+    targets: list[np.ndarray] = []
+    original = Workcell.set_targets
+    monkeypatch.setattr(
+        Workcell,
+        "set_targets",
+        lambda cell, q: (targets.append(np.array(q)), original(cell, q))[1],
+    )
+
+    def waist_at_frames(blend_steps: int, episodes: int = 1) -> list[float]:
+        """The left waist's target at rows 0-2 of frames 0 and 1 of each episode."""
+        targets.clear()
+        config = rollout.RolloutConfig(execute_s=0.3, blend_steps=blend_steps)
+        ticks = round(0.3 * config.control_hz)
+        per_row = round(config.action_dt_s * config.control_hz)  # ticks between rows
+        policy = _Constant([first, second], targets)
+        for _ in range(episodes):
+            rollout.run_episode(policy, workcell, 0, config)
+        return [
+            float(targets[start + frame * ticks + k * per_row][0])
+            for start in policy.starts
+            for frame in (0, 1)
+            for k in (0, 1, 2)
+        ]
+
+    base = float(first[0])
+    blended = waist_at_frames(3)
+    assert blended[:3] == pytest.approx([base] * 3)  # the first chunk: nothing to blend with
+    assert blended[3:] == pytest.approx([base + 0.1, base + 0.2, base + 0.3])
+    assert waist_at_frames(0)[3:] == pytest.approx([base + 0.4] * 3)  # the control
+    # a second episode's first chunk does not continue the last episode's (second) pose
+    assert waist_at_frames(3, episodes=2)[6:9] == pytest.approx([base] * 3)
+
+
+def test_config_refuses_negative_blend_steps():
+    with pytest.raises(ValueError, match="blend_steps"):
+        rollout.RolloutConfig(blend_steps=-1)

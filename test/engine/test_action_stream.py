@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from oxygen_ros.nodes.action_stream import (
+from oxygen_ros.engine.action_stream import (
     HOLD_CHUNK_ID,
     ActionStream,
     RejectedChunkError,
