@@ -202,9 +202,13 @@ def test_blend_steps_hand_each_chunk_over_as_the_inference_node_does(workcell, m
         ]
 
     base = float(first[0])
-    blended = waist_at_frames(3)
+    blended = waist_at_frames(3, episodes=2)
     assert blended[:3] == pytest.approx([base] * 3)  # the first chunk: nothing to blend with
-    assert blended[3:] == pytest.approx([base + 0.1, base + 0.2, base + 0.3])
+    assert blended[3:6] == pytest.approx([base + 0.1, base + 0.2, base + 0.3])
+    # The second episode's first chunk (the first pose again) does not blend with the first
+    # episode's last one (the second pose): it would start at base + 0.3, 0.2, 0.1.
+    assert blended[6:9] == pytest.approx([base] * 3)
+    assert blended[9:] == pytest.approx([base + 0.1, base + 0.2, base + 0.3])
     assert waist_at_frames(0)[3:] == pytest.approx([base + 0.4] * 3)  # the control
     # a second episode's first chunk does not continue the last episode's (second) pose
     assert waist_at_frames(3, episodes=2)[6:9] == pytest.approx([base] * 3)
