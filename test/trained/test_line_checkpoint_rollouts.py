@@ -1,18 +1,21 @@
-"""The served checkpoint of the DAgger line (models/workcell_run64, config/workcell.yaml's) in
+"""The served checkpoint of the DAgger line (models/workcell_run69, config/workcell.yaml's) in
 closed loop without ROS: engine, perception's target-cube state (`target_m`: the offsets in
 metres) and physics only (`oxygen_ros.training.rollout`), on held-out seeds 0-11 (its line's
-demonstrations used seeds 1000-1999, its DAgger rounds 920-979, 120-179 and 180-239).
+demonstrations used seeds 1000-1999, its DAgger rounds 920-979, 120-239, 300-359 and
+1000-1059), each chunk executed as the graph executes it: a new chunk every 0.1 s, blended
+into the running one over 3 rows (the inference node's action stream).
 
 A regression guard for everything between the weights and the arm (delta actions served back
-as absolute targets, the state's names and norm stats, the cube tracker, chunk execution), not
-issue 10's bar. Thresholds from the measured rates (docs/TRAINING.md "Runs 62-66"): 54 of 120
-held-out seeds finished (45 %), 5 of seeds 0-11; the spoken subtask right in 80 % of the frames
-on seeds 0-119, 81 % on seeds 0-11. At 45 % the chance that 12 episodes finish fewer than two is
-0.55^12 + 12 x 0.45 x 0.55^11 = 0.8 %, so at least two successes are asserted, and a subtask
-right in at least 60 % of the frames. Served wrongly (without its delta-action mask) run 64
-finishes 0 of these 12 and fails the first test (checked by hand when it became the served
-checkpoint). The real-time chunking test below serves run 38 (the
-line's earlier head, `target` state), whose guided and unguided gaps it was written against.
+as absolute targets, the state's names and norm stats, the cube tracker, chunk execution and
+the blend), not issue 10's bar. Thresholds from the measured rates (docs/TRAINING.md "Run 69"):
+89 of 120 held-out seeds finished (74 %), 8 of seeds 0-11; the spoken subtask right in 70.9 %
+of the frames on seeds 0-119, and in 61-81 % of each of the ten runs of 12 consecutive seeds
+(70.9 % on seeds 0-11). At 74 % the chance that 12 episodes finish fewer than five is 0.35 %,
+so at least five successes are asserted, and a subtask right in at least 55 % of the frames.
+Served wrongly (without its delta-action mask) the line's checkpoints finish 0 of these 12
+(checked by hand on run 64 when it became the served checkpoint). The real-time chunking test
+below serves run 38 (the line's earlier head, `target` state), whose guided and unguided gaps
+it was written against.
 """
 
 from __future__ import annotations
@@ -23,18 +26,20 @@ from oxygen_ros.resources import resolve_path
 from oxygen_ros.training import rollout
 
 pytestmark = pytest.mark.slow
-CHECKPOINT = resolve_path("package://oxygen_ros/models/workcell_run64")
+CHECKPOINT = resolve_path("package://oxygen_ros/models/workcell_run69")
 OBJECT_STATE = "target_m"
 PRESET = "workcell_target_m_bins"
 SEEDS = range(12)  # held out; moves and both picks among them
-SUCCESSES_MIN = 2
-SUBTASK_ACCURACY_MIN = 0.6
+SUCCESSES_MIN = 5
+SUBTASK_ACCURACY_MIN = 0.55
 RTC_CHECKPOINT = resolve_path("package://oxygen_ros/models/workcell_run38")
 
 
 @pytest.fixture(scope="module")
 def result():
-    config = rollout.RolloutConfig(execute_s=0.2, object_state=OBJECT_STATE, preset=PRESET)
+    config = rollout.RolloutConfig(
+        execute_s=0.1, blend_steps=3, object_state=OBJECT_STATE, preset=PRESET
+    )
     return rollout.rollouts(str(CHECKPOINT), list(SEEDS), config)
 
 
@@ -52,7 +57,7 @@ def test_the_line_checkpoint_speaks_the_phase(result) -> None:
     episodes, _ = result
     said = sum(e.subtask_said for e in episodes)
     hits = sum(e.subtask_hits for e in episodes)
-    assert said >= len(episodes) * 10  # a subtask every frame (0.2 s)
+    assert said >= len(episodes) * 20  # a subtask every frame (0.1 s)
     assert hits / said >= SUBTASK_ACCURACY_MIN, (hits, said)
 
 

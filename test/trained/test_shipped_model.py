@@ -1,8 +1,8 @@
-"""The workcell profile's checkpoint (config/workcell.yaml's inference checkpoint_dir: run 64
-of the one-frequency DAgger line, models/workcell_run64) through the engine, no ROS: what it
+"""The workcell profile's checkpoint (config/workcell.yaml's inference checkpoint_dir: run 69
+of the one-frequency DAgger line, models/workcell_run69) through the engine, no ROS: what it
 says at the first frame of held-out episodes (seeds never trained on: its line's
-demonstrations used seeds 1000-1999, its DAgger rounds 920-979, 120-179 and 180-239;
-docs/TRAINING.md "Runs 62-66").
+demonstrations used seeds 1000-1999, its DAgger rounds 920-979, 120-239, 300-359 and
+1000-1059; docs/TRAINING.md "Runs 62-66", "Runs 67-68", "Run 69").
 
 The checkpoint, its preset and its object state are read from the YAML, so this test follows
 the default. Asserted is what the checkpoint measurably does: at the first frame of 40
@@ -59,7 +59,7 @@ def workcell():
 
 
 def test_the_profile_serves_the_line_checkpoint() -> None:
-    assert Path(CHECKPOINT).name == "workcell_run64"
+    assert Path(CHECKPOINT).name == "workcell_run69"
     assert INFERENCE["model_preset"] == PERCEPTION["model_preset"] == "workcell_target_m_bins"
     assert PERCEPTION["cube_state"] == "target_m" and PERCEPTION["cube_state_camera"]
 
