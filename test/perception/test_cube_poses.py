@@ -61,6 +61,17 @@ class _Hand:
         return self.gripper, self.pinch.copy(), self.yaw
 
 
+def _left_hand_tracker(width: int, height: int, hand: _Hand, grasp: GraspConfig) -> CubePoses:
+    """The workcell's tracker with `hand` as its only (left) arm."""
+    return CubePoses(
+        workcell_cubes.detector(width, height),
+        workcell_cubes.CUBE_NAMES,
+        workcell_cubes.TABLE_CENTRE_XY,
+        {"left": hand},
+        grasp,
+    )
+
+
 def test_a_stopped_gripper_at_the_cube_takes_hold_and_carries_it(cell) -> None:
     """Open, or stopped 5 cm away: the camera's estimate. Stopped at the cube: held, the cube
     at the pinch point with the fingers' turn added to its yaw, whatever the camera shows. Let
@@ -71,13 +82,7 @@ def test_a_stopped_gripper_at_the_cube_takes_hold_and_carries_it(cell) -> None:
     image = cell.render(workcell_cubes.CAMERA)
     height, width = image.shape[:2]
     hand = _Hand()
-    poses = CubePoses(
-        workcell_cubes.detector(width, height),
-        workcell_cubes.CUBE_NAMES,
-        workcell_cubes.TABLE_CENTRE_XY,
-        {"left": hand},
-        GraspConfig(),
-    )
+    poses = _left_hand_tracker(width, height, hand, GraspConfig())
     joints = cell.joint_positions()
     name = spec.target
     x, y, yaw = spec.objects[name]
@@ -110,6 +115,46 @@ def test_a_stopped_gripper_at_the_cube_takes_hold_and_carries_it(cell) -> None:
     pose = update()  # a whole view again
     assert np.hypot(*(pose.xy - (x, y))) < 0.005
     np.testing.assert_allclose(pose.start, (x, y), atol=0.005)
+
+
+def test_a_grip_on_the_cubes_upper_edge_is_held(cell) -> None:
+    """The learner's grips (docs/TRAINING.md "Perception holds the learner's grips"): the
+    fingers stopped at 0.67 on a cube turned between them, the pinch point 3 cm above the
+    cube's centre (on its upper edge). The default window holds it and carries the cube up; the
+    window before it (held below 0.66, pinch within 2.5 cm) holds neither the wide grip nor the
+    high one (the same check seeing the difference), and a gripper stopped 5 cm from the cube
+    holds nothing in either."""
+    spec = tasks.sample_episode(0)
+    cell.reset(robot.HOME, spec.objects)
+    image = cell.render(workcell_cubes.CAMERA)
+    height, width = image.shape[:2]
+    x, y, _ = spec.objects[spec.target]
+    plane = workcell_cubes.detector(width, height).plane_z
+    joints = cell.joint_positions()
+
+    def held(grasp: GraspConfig, gripper: float, pinch: np.ndarray) -> bool:
+        hand = _Hand()
+        poses = _left_hand_tracker(width, height, hand, grasp)
+        poses.update(image, joints)  # open: the camera's estimate
+        hand.gripper, hand.pinch = gripper, pinch
+        pose = poses.update(image, joints)[spec.target]
+        if pose.held_by is None:
+            return False
+        hand.pinch = pinch + np.array([0.0, 0.0, 0.05])  # lifted: the cube goes with the hand
+        pose = poses.update(image, joints)[spec.target]
+        assert pose.z == pytest.approx(pinch[2] + 0.05)
+        return True
+
+    high = np.array([x, y, plane + 0.03])
+    centre = np.array([x, y, plane])
+    earlier = GraspConfig(near_m=0.025, held_max=0.66)
+    assert held(GraspConfig(), 0.67, high)
+    assert held(GraspConfig(), 0.6, high) and held(GraspConfig(), 0.67, centre)
+    assert not held(earlier, 0.6, high) and not held(earlier, 0.67, centre)
+    assert held(earlier, 0.6, centre)  # what both windows hold: the expert's grip
+    for grasp in (GraspConfig(), earlier):
+        assert not held(grasp, 0.6, centre + np.array([0.05, 0.0, 0.0]))
+        assert not held(grasp, 0.3, centre)  # closed on nothing
 
 
 def test_the_cube_is_followed_through_a_move(cell) -> None:
