@@ -15,11 +15,13 @@ adds (latency, rates, and the blend where it is off here) is the difference to
 Measured per episode: success, the furthest stage reached (`tasks.evaluate`'s stage index), the
 spoken subtask against the stage at each observation (with the confusion: stage -> what was
 said -> frames, per episode and summed in the summary), the highest the held cube rose and
-whether the arm still held it at the end, and the frames run.
+whether the arm still held it at the end, and the frames run. With `log_frames`
+(`--log-frames`), every frame as well: its stage, what was said and the cube state the policy
+read (`frame_record`).
 
 `python -m oxygen_ros.training.rollout --checkpoint DIR --seeds 0:10 [--execute-s 0.5]
 [--noise fresh|episode] [--noise-scale 1.0] [--object-state [positions|poses|reach|target]]
-[--blind] [--rtc-guidance BETA] [--blend-steps N] [--out results.json]
+[--blind] [--rtc-guidance BETA] [--blend-steps N] [--log-frames] [--out results.json]`.
 Nothing here imports rclpy.
 """
 
@@ -80,6 +82,9 @@ class RolloutConfig:
     # of its own value and the rest the previous chunk's at the same time. 0: off (each chunk
     # at once, the rollouts before 2026-12-02).
     blend_steps: int = 0
+    # Every frame's stage, spoken subtask and cube state in `EpisodeResult.frame_log` (where
+    # the spoken phase goes wrong, and what the state said there).
+    log_frames: bool = False
 
     def __post_init__(self) -> None:
         if self.noise not in NOISE_MODES:
@@ -125,6 +130,30 @@ class EpisodeResult:
     # the pinch point's distance from the cube centre at the first tick the arm held the cube
     # (None: never held): where on the cube the grasp closed, a drop's cause or not
     first_held_pinch_m: float | None = None
+    # with `RolloutConfig.log_frames`: per observation frame, `frame_record`'s fields
+    frame_log: list[dict] | None = None
+
+
+def frame_record(
+    elapsed_s: float,
+    evaluation: tasks.Evaluation,
+    said: str | None,
+    state: np.ndarray,
+    names: Sequence[str],
+) -> dict:
+    """One frame of `EpisodeResult.frame_log`: its time in the episode, the stage of the state
+    it was observed in (with `tasks.evaluate`'s held, lift and pinch distance), what the policy
+    said, and the state's entries after the joints by name (the cube state the policy read)."""
+    extra = np.asarray(state, np.float64)[robot.NUM_JOINTS :]
+    return {
+        "t": round(float(elapsed_s), 3),
+        "stage": evaluation.stage,
+        "said": said,
+        "held": bool(evaluation.held),
+        "lift_m": round(float(evaluation.lift_m), 4),
+        "pinch_m": round(float(evaluation.pinch_distance_m), 4),
+        "state": {name: round(float(v), 4) for name, v in zip(names, extra, strict=True)},
+    }
 
 
 def executed_rows(execute_s: float, dt: float) -> int:
@@ -237,6 +266,8 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
     stream = blending_stream(config)  # one per episode: a new episode continues nothing
     furthest, frames, hits, said = 0, 0, 0, 0
     confusion: dict[str, collections.Counter[str]] = {}
+    frame_log: list[dict] | None = [] if config.log_frames else None
+    state_names = () if cubes is None else cubes.names
     closest, highest, first_held = np.inf, 0.0, None
     moved: list[str] = []
     evaluation = tasks.evaluate(workcell, spec)  # of the state each observation is taken in
@@ -257,6 +288,12 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
             said += 1
             hits += subtask == stage
             confusion.setdefault(stage, collections.Counter())[subtask] += 1
+        if frame_log is not None:
+            frame_log.append(
+                frame_record(
+                    observation.stamp - start, evaluation, subtask, observation.state, state_names
+                )
+            )
         frames += 1
         for tick in range(ticks_per_frame):
             workcell.set_targets(chunk_target(rows, config.action_dt_s, tick / config.control_hz))
@@ -290,6 +327,7 @@ def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) ->
         highest_held_lift_m=float(highest),
         held_at_end=bool(evaluation.held),
         first_held_pinch_m=first_held,
+        frame_log=frame_log,
     )
 
 
@@ -397,6 +435,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=RolloutConfig.blend_steps,
         help="each new chunk blended in over this many rows, as the inference node does (0: off)",
     )
+    parser.add_argument(
+        "--log-frames", action="store_true", help="each frame's stage, words and cube state"
+    )
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     config = RolloutConfig(
@@ -409,6 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rtc_guidance=args.rtc_guidance,
         preset=args.preset,
         blend_steps=args.blend_steps,
+        log_frames=args.log_frames,
     )
     episodes, summary = rollouts(args.checkpoint, parse_seeds(args.seeds), config)
     if args.out:

@@ -118,6 +118,25 @@ def test_the_experts_chunks_succeed_and_holding_home_does_not(workcell, seed):
     assert held.frames == pytest.approx(held.sim_s / 0.5, abs=1)
 
 
+def test_the_frame_log_is_the_episodes_frames_with_the_state_it_read(workcell):
+    """`log_frames`: one record per frame, the stages and words the scores count, and the cube
+    state the policy read: the expert lifts the cube it holds and the target's height in the
+    state goes up with it (perception's hand carries it); without `log_frames`, no log."""
+    config = rollout.RolloutConfig(execute_s=0.5, object_state="target_m", log_frames=True)
+    result = rollout.run_episode(rollout.ExpertPolicy(config), workcell, 1, config)
+    log = result.frame_log
+    assert result.success and len(log) == result.frames
+    assert sum(f["said"] == f["stage"] for f in log) == result.subtask_hits
+    assert [f["t"] for f in log] == sorted(f["t"] for f in log) and log[0]["t"] == 0.0
+    names = set(rollout.workcell_cubes.TARGET_METRES_STATE_NAMES)
+    assert all(set(f["state"]) == names for f in log)
+    resting = log[0]["state"]["target.z"]
+    lifted = [f for f in log if f["held"] and f["lift_m"] >= tasks.LIFT_HEIGHT_M]
+    assert lifted and all(f["state"]["target.z"] > resting + 0.03 for f in lifted)
+    plain = dataclasses.replace(config, log_frames=False)
+    assert rollout.run_episode(rollout.ExpertPolicy(plain), workcell, 1, plain).frame_log is None
+
+
 class _SeesMasks(_HoldHome):
     """Records every frame's camera masks."""
 
