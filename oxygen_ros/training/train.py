@@ -29,7 +29,11 @@ first). Steps, on 2 CPU cores:
    trains the narration to say its numbers as words ("step two of four ..."; the digits'
    pieces are state-bin pieces, which `--freeze-bin-rows` leaves unable to tell apart at the
    tied output); unset, a run keeps its `--init-from` checkpoint's (else digits), and the
-   checkpoint records it (`language.json`).
+   checkpoint records it (`language.json`). With `--language-head-only` only the prefix LLM's
+   language head trains (training/language_head.py: the last layer's queries, attention output
+   and MLP, and the final norm), which no key or value the action expert reads depends on: the
+   checkpoint says what it says differently and denoises every action bit for bit as its
+   `--init-from` does.
 4. Every `--eval-every` steps, on held-out samples: action loss, teacher-forced exact-match
    accuracy of each language kind, and the error of denoised actions (engine `prefill` +
    `denoise`, fixed noise) in radians; on the first frame of every held-out episode (robot at
@@ -93,7 +97,7 @@ from oxygen_ros.engine.model import Pi05Model, abstract_model, create_model
 from oxygen_ros.engine.tokenizer import TOKENIZER_FILE, Tokenizer
 from oxygen_ros.engine.types import RequestKind
 from oxygen_ros.sim import recorder, robot
-from oxygen_ros.training import bin_embeddings, fresh_demos
+from oxygen_ros.training import bin_embeddings, fresh_demos, language_head
 from oxygen_ros.training import data as _data
 from oxygen_ros.training import loss as _loss
 
@@ -119,6 +123,10 @@ class TrainConfig:
     # the action loss reaches only the action expert (loss.forward's insulate): the prefix
     # learns from the language targets alone
     insulate_prefix: bool = False
+    # train only the prefix LLM's language head (training/language_head.py): the last layer's
+    # queries, attention output, MLP and final norm, which no key or value the action expert
+    # reads depends on, so every denoised action stays bit for bit the starting checkpoint's
+    language_head_only: bool = False
     # the state-bin embedding rows' code at the start (bin_embeddings.smooth_bin_rows'
     # Fourier frequencies, comma-separated; "" = bin_embeddings.FREQUENCIES; "0.5": a quarter
     # circle, nearly linear in the value) and whether training keeps them as they start
@@ -287,6 +295,7 @@ class _Statics:
     augment: bool
     action_draws: int
     insulate_prefix: bool = False
+    language_head_only: bool = False
 
 
 class _Compiled:
@@ -301,6 +310,12 @@ class _Compiled:
         self.embedding = embedding_leaf(abstract)
         self.full_rows = leaves[self.embedding].shape[0]
         self.schedule, self.optimizer = make_optimizer(statics.optimizer)
+        # per leaf, the multiplier of its gradient and update (None: every leaf trains)
+        self.mask = (
+            [jnp.asarray(m) for m in language_head.update_mask(abstract)]
+            if statics.language_head_only
+            else None
+        )
         self.step = jax.jit(self._step, donate_argnums=(0, 1))
         self.ema = jax.jit(_ema_update, donate_argnums=(0,))
         self.eval = jax.jit(self._eval_losses)
@@ -337,7 +352,11 @@ class _Compiled:
             return total, losses
 
         (total, losses), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        if self.mask is not None:  # the frozen leaves see no gradient, clip or weight decay
+            grads = [g * m.astype(g.dtype) for g, m in zip(grads, self.mask, strict=True)]
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        if self.mask is not None:
+            updates = [u * m.astype(u.dtype) for u, m in zip(updates, self.mask, strict=True)]
         params = optax.apply_updates(params, updates)
         tokens = jnp.maximum(jnp.sum(batch.lang_loss_mask), 1)
         metrics = {
@@ -385,6 +404,7 @@ class Trainer:
             _Statics(
                 model.config, vocab_size, OptimizerSettings.of(config), config.language_weight,
                 config.augment, config.action_draws, config.insulate_prefix,
+                config.language_head_only,
             )
         )  # fmt: skip
         leaves, treedef = jax.tree.flatten(nnx.state(model))
