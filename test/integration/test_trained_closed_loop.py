@@ -1,23 +1,25 @@
 """The shipped model acting through the whole ROS graph (workcell_sim -> perception ->
 inference -> /oxygen/actions -> workcell_sim) with subtask, narration and memory requests
 running: `benchmarks/closed_loop.py` in its own process on held-out seeds, with nothing but the
-workcell profile's defaults (config/workcell.yaml: run 69 of the one-frequency DAgger line,
-models/workcell_run69, fed the instructed cube's pose and offsets in metres by perception's
+workcell profile's defaults (config/workcell.yaml: run 73 of the one-frequency DAgger line,
+models/workcell_run73, fed the instructed cube's pose and offsets in metres by perception's
 `cube_state: target_m`; the scheduler continuous with k = 5, real time).
 
 Checked: the graph brings the checkpoint up from `package://` (its own tokenizer, state layout
 and delta actions, the 96 px perception resolution), actions flow without starvation, the arm
 finishes a task, periodic subtasks are spoken and name the phase the sim is in, memory entries
 state the episode's facts. Thresholds from the measured rates (docs/TRAINING.md "Scheduler
-modes through ROS: run 69": 80 episodes on seeds 0-9, 69 finished (86 %), subtask right in
-61-84 % per setting, one episode as low as 18 %): at 86 % three episodes all fail with a
-probability of 0.26 %, so at least one success is asserted; every pool of three of those
-episodes from one setting is right in at least 32.6 % of its subtasks (960 pools; 0.1 % of them
-below 35 %, 1 % below 40 %), so 35 % is asserted; memory entries are true in 70-93 % per
-setting, and in at least 50 % of them in 99 % of the pools of three (25 % below 70 %: three
-episodes give only 2-10 entries at the grid's 5 s period), so 50 % is asserted. Memory is
-requested every second here, not every 5 s as the YAML has it, so that three episodes give
-enough entries for a rate. Issue 10's bar (subtask >= 90 %) is not met.
+modes through ROS: run 73": 80 episodes on seeds 0-9, 77 finished (96 %), subtask right in
+86-93 % per setting, one episode as low as 58 %): at 96 % three episodes all fail with a
+probability of 0.005 %, so at least one success is asserted (two would fail 0.4 % of runs);
+every pool of three of those episodes from one setting is right in at least 74.2 % of its
+subtasks (960 pools; 1 % below 75.8 %), so 70 % is asserted (run 69's grid, the same actions
+with the head before run 73's training: pools down to 60 %); memory entries are true in
+75-100 % per setting, and in at least 50 % of them in 99.8 % of the pools of three (15 % below
+70 %: three episodes give only 2-7 entries at the grid's 5 s period), so 50 % is asserted.
+Memory is requested every second here, not every 5 s as the YAML has it, so that three episodes
+give enough entries for a rate. Issue 10's bar (subtask >= 90 % slowed) is not met: 88.1 %
+slowed, 89.2 % in real time, pooled over the grid's requests.
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-SEED_START = 0  # held out: run 69's line trained on seeds 120-239, 300-359 and 920-1999
+SEED_START = 0  # held out: run 73's line trained on seeds 120-239, 300-359 and 920-1999
 EPISODES = 3
-SUBTASK_ACCURACY_MIN = 0.35
+SUBTASK_ACCURACY_MIN = 0.7
 SUCCESSES_MIN = 1
 MEMORY_ACCURACY_MIN = 0.5
 MEMORY_PERIOD_S = 1.0
@@ -69,7 +71,7 @@ def test_actions_flow_from_the_shipped_checkpoint(run) -> None:
 def test_speech_names_the_phase_and_memory_the_facts(run) -> None:
     summary = run["summary"]
     # requested every 0.5 s (subtask), 2 s (narration), MEMORY_PERIOD_S (memory) of sim time;
-    # an episode that succeeds ends early (the shortest in run 69's grid: 4.1 s)
+    # an episode that succeeds ends early (the shortest in run 73's grid: 3.8 s)
     sim_s = sum(e["elapsed_s"] for e in run["episodes"])
     assert summary["subtasks_spoken"] >= 1.5 * sim_s
     assert summary["subtask_accuracy"] >= SUBTASK_ACCURACY_MIN, run["episodes"]
