@@ -542,9 +542,9 @@ def test_instruct_goal_feedback_cancel_holds_and_a_time_limit_ends_it(graph) -> 
         (SpeechToken.KIND_NARRATION, first.narration),
     }
 
-    def finals() -> set[tuple[int, str]]:
+    def finals() -> set[tuple[int, str]]:  # stripped, as feedback carries them (on_speech)
         return {
-            (m.kind, m.text)
+            (m.kind, m.text.strip())
             for _, m in graph.speech[speech_before:]
             if m.final and m.status in (SpeechToken.STATUS_STOPPED, SpeechToken.STATUS_LENGTH)
         }
