@@ -21,11 +21,11 @@ Invariant: nothing here imports rclpy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import flax.nnx as nnx
 import jax
 import numpy as np
+
+from oxygen_ros.training.train import leaf_names
 
 LLM = ("PaliGemma", "llm")
 # The prefix LLM's (not the action expert's "_1") per-layer leaves of the head, under "layers".
@@ -37,10 +37,6 @@ LAST_LAYER_LEAVES = (
     ("pre_ffw_norm",),
 )
 FINAL_NORM = ("final_norm",)
-
-
-def _names(path: Sequence) -> tuple[str, ...]:
-    return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
 
 def _head_part(names: tuple[str, ...]) -> str:
@@ -63,7 +59,7 @@ def update_mask(model: nnx.Module) -> list[np.ndarray]:
     Shapes broadcast against the leaf: () for whole leaves, [depth, 1, ...] for stacked ones."""
     masks = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(nnx.state(model))[0]:
-        part = _head_part(_names(path))
+        part = _head_part(leaf_names(path))
         shape = np.shape(leaf)
         if part == "last_layer":
             rows = np.zeros((shape[0],) + (1,) * (len(shape) - 1), np.float32)
@@ -79,4 +75,4 @@ def update_mask(model: nnx.Module) -> list[np.ndarray]:
 def head_leaf_names(model: nnx.Module) -> list[str]:
     """The '/'-joined paths of the leaves the mask trains (any part of), for logs and tests."""
     flat = jax.tree_util.tree_flatten_with_path(nnx.state(model))[0]
-    return ["/".join(_names(p)) for p, _ in flat if _head_part(_names(p))]
+    return ["/".join(leaf_names(p)) for p, _ in flat if _head_part(leaf_names(p))]

@@ -97,7 +97,7 @@ from oxygen_ros.engine.model import Pi05Model, abstract_model, create_model
 from oxygen_ros.engine.tokenizer import TOKENIZER_FILE, Tokenizer
 from oxygen_ros.engine.types import RequestKind
 from oxygen_ros.sim import recorder, robot
-from oxygen_ros.training import bin_embeddings, fresh_demos, language_head
+from oxygen_ros.training import bin_embeddings, fresh_demos
 from oxygen_ros.training import data as _data
 from oxygen_ros.training import loss as _loss
 
@@ -311,11 +311,12 @@ class _Compiled:
         self.full_rows = leaves[self.embedding].shape[0]
         self.schedule, self.optimizer = make_optimizer(statics.optimizer)
         # per leaf, the multiplier of its gradient and update (None: every leaf trains)
-        self.mask = (
-            [jnp.asarray(m) for m in language_head.update_mask(abstract)]
-            if statics.language_head_only
-            else None
-        )
+        self.mask = None
+        if statics.language_head_only:
+            # imported here: language_head reads this module's leaf_names
+            from oxygen_ros.training import language_head
+
+            self.mask = [jnp.asarray(m) for m in language_head.update_mask(abstract)]
         self.step = jax.jit(self._step, donate_argnums=(0, 1))
         self.ema = jax.jit(_ema_update, donate_argnums=(0,))
         self.eval = jax.jit(self._eval_losses)
