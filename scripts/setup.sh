@@ -68,7 +68,7 @@ mkdir -p "$WS/src"
 [ -L "$WS/src/oxygen_ros" ] || ln -sfn "$ROOT" "$WS/src/oxygen_ros"
 build_hash="$(cd "$ROOT" && {
   cat CMakeLists.txt package.xml msg/*.msg srv/*.srv action/*.action
-  find oxygen_ros launch config scripts/nodes -type f -not -path '*/__pycache__/*' \
+  find oxygen_ros launch config models scripts/nodes -type f -not -path '*/__pycache__/*' \
     -not -name '*.pyc' | LC_ALL=C sort
 } | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$BUILD/.oxygen_build_hash" 2>/dev/null)" != "$build_hash" ] \

@@ -13,13 +13,22 @@ and 45 degrees before the blob vanishes (docs/TRAINING.md run 16). `CubePoses` k
   moves to the nearest position, yaw kept, that explains the view (`nearest_consistent_xy`),
   or to the partial view's placement when none within `SEARCH_RADIUS_M` does.
 - while a gripper holds the cube, the hand's account of it. An arm takes hold of a cube when
-  its measured gripper has stopped between `held_min` and `held_max` (the fingers close on a
-  4 cm cube near 0.6, on one turned between them up to about 0.67, and on nothing below 0.45)
-  with its pinch point (forward kinematics of the measured joints) within `near_m` of the
-  cube's estimate (the expert grips within 2 cm of the centre, the learner also on the upper
-  edge, up to 3 cm), and holds it while the gripper stays in that range. Held, the cube's
-  centre is the pinch point and its yaw the yaw at the grasp turned by as much as the fingers'
-  axis has turned since; the camera is not read.
+  its measured gripper has closed to between `held_min` and the window's top with its pinch
+  point (forward kinematics of the measured joints) within `near_m` of the cube's estimate
+  (the expert grips within 2 cm of the centre, the learner also on the upper edge, up to 3
+  cm). The top is `held_max` (the fingers close on a 4 cm cube near 0.6, on one turned
+  between them up to about 0.67, and on nothing below 0.45), or `close_margin` below the
+  widest the gripper has opened since it last let go, when that is higher: a learner that
+  opens to 1.0 stops on a cube it holds turned or by an edge as high as 0.83
+  (docs/TRAINING.md "Perception holds the learner's wide grips"), while the expert, which opens
+  to 0.8, keeps `held_max`. The arm holds the cube while the gripper stays above `held_min`
+  and no more than `release_margin` above the narrowest it has closed in this hold (or below
+  `held_max`): opening further lets go. Held, the cube's centre is the pinch point in x and y,
+  its height the table's plus how far the pinch point has risen above the lowest it has been
+  since the gripper began to close from its widest (a grip on the upper edge lifts the cube
+  from the table, not from the pinch point's height; a hold first seen a frame after the lift
+  began still counts the lift from the grip), and its yaw the yaw at the grasp turned by as
+  much as the fingers' axis has turned since; the camera is not read.
   Let go, the cube is on the table below where the hand left it, until the next whole view.
 - its start: the first estimate of the episode (`reset`).
 
@@ -49,6 +58,19 @@ class GraspConfig:
     held_min: float = 0.45  # measured gripper above this (and below held_max): on something
     held_max: float = 0.72  # ... at or above this: open or still closing
     near_m: float = 0.04  # the cube's estimate this close to the pinch point: between fingers
+    # a hold may also begin this far below the widest the gripper opened since it let go ...
+    close_margin: float = 0.12
+    # ... and lasts until the gripper opens this far above the narrowest it closed in the hold
+    release_margin: float = 0.08
+    # held, the cube rises from the table as far as the pinch point has from its lowest in the
+    # hold (False: the cube's centre is at the pinch point's height, as before 2026-12-03)
+    lift_from_lowest_pinch: bool = True
+
+    @classmethod
+    def before_2026_12_03(cls) -> GraspConfig:
+        """The window before wide grips: held only below `held_max`, the cube's centre at the
+        pinch point (for comparisons)."""
+        return cls(close_margin=1.0, release_margin=0.0, lift_from_lowest_pinch=False)
 
 
 @dataclasses.dataclass
@@ -83,6 +105,7 @@ def silhouette_pixels(detector: CubeDetector, xy: np.ndarray, yaw: float) -> flo
 
 PIXEL_TOLERANCE_M = 0.001  # the footprint grown by this much for pixels on its edge
 STRAY_PIXELS = 0.02  # this share of a view's pixels may be unexplained (edge pixels)
+OPEN_TOLERANCE = 0.02  # a gripper this close to its widest is still open, not closing
 SEARCH_RADIUS_M = 0.06  # how far from the estimate a partial view's cube is looked for
 SEARCH_STEP_M = 0.002
 SEARCH_BATCH = 256  # candidates tested at once, nearest first
@@ -198,6 +221,9 @@ class CubePoses:
         """A new episode: nothing seen, nothing held."""
         self.poses: dict[str, CubePose] = {}
         self._grasps: dict[str, tuple[float, float]] = {}  # cube -> (its yaw, fingers' yaw)
+        self._opened: dict[str, float] = {}  # arm -> widest gripper since it last let go
+        self._lowest: dict[str, float] = {}  # arm -> lowest pinch z since it began to close
+        self._narrowest: dict[str, float] = {}  # holding arm -> narrowest gripper in the hold
 
     def update(self, image: np.ndarray | None, joints: np.ndarray) -> dict[str, CubePose]:
         """Takes the newest top-camera image [H, W, 3] (None: no image this frame; only the
@@ -237,26 +263,34 @@ class CubePoses:
         return self.poses
 
     def _take_hold(self, hands: dict[str, tuple[float, np.ndarray, float]]) -> None:
-        """Ends the holds whose gripper left the held range (the cube drops to the table) and
-        begins one for each other stopped gripper with a cube's estimate near its pinch."""
+        """Ends the holds whose gripper opened or closed out of the window (the cube drops to
+        the table) and begins one for each other closed gripper with a cube's estimate near
+        its pinch."""
         g = self.grasp
-
-        def stopped(arm: str) -> bool:
-            return g.held_min < hands[arm][0] < g.held_max
-
+        for arm, (gripper, pinch, _) in hands.items():
+            opened = self._opened[arm] = max(self._opened.get(arm, gripper), gripper)
+            if arm in self._narrowest:  # holding: the hold's narrowest and lowest
+                self._narrowest[arm] = min(self._narrowest[arm], gripper)
+            elif gripper >= opened - OPEN_TOLERANCE:  # still open: the lowest is where it is
+                self._lowest[arm] = float(pinch[2])
+            self._lowest[arm] = min(self._lowest[arm], float(pinch[2]))
         holding = set()
         for name, pose in self.poses.items():
-            if pose.held_by is None:
+            arm = pose.held_by
+            if arm is None:
                 continue
-            if stopped(pose.held_by):
-                holding.add(pose.held_by)
+            gripper, pinch = hands[arm][0], hands[arm][1]
+            if g.held_min < gripper < max(g.held_max, self._narrowest[arm] + g.release_margin):
+                holding.add(arm)
             else:
                 pose.held_by, pose.z = None, self.detector.plane_z
-                del self._grasps[name]
-        for arm in hands:
-            if arm in holding or not stopped(arm):
+                del self._grasps[name], self._narrowest[arm]
+                self._opened[arm], self._lowest[arm] = gripper, float(pinch[2])
+        for arm, (gripper, pinch, fingers_yaw) in hands.items():
+            if arm in holding:
                 continue
-            pinch = hands[arm][1]
+            if not g.held_min < gripper < max(g.held_max, self._opened[arm] - g.close_margin):
+                continue
             free = [
                 (float(np.linalg.norm(np.r_[pose.xy, pose.z] - pinch)), name)
                 for name, pose in self.poses.items()
@@ -265,10 +299,13 @@ class CubePoses:
             if free and min(free)[0] <= g.near_m:
                 name = min(free)[1]
                 self.poses[name].held_by = arm
-                self._grasps[name] = (self.poses[name].yaw, hands[arm][2])
+                self._grasps[name] = (self.poses[name].yaw, fingers_yaw)
+                self._narrowest[arm] = gripper
 
     def _follow_hand(self, name: str, pose: CubePose, hand: tuple) -> None:
         _, pinch, fingers_yaw = hand
         cube_yaw, fingers_at_grasp = self._grasps[name]
         pose.xy, pose.z = np.asarray(pinch[:2], np.float64).copy(), float(pinch[2])
+        if self.grasp.lift_from_lowest_pinch:
+            pose.z = self.detector.plane_z + max(0.0, pose.z - self._lowest[pose.held_by])
         pose.yaw = cube_yaw + fingers_yaw - fingers_at_grasp

@@ -24,8 +24,9 @@ the same cube positions for instructions of the same template and side.
 `evaluate`, which names the phase that the simulator state corresponds to:
 
 - `pick`, `pick_with_arm`: reach the {c} cube -> grasp the {c} cube -> lift the {c} cube ->
-  hold the {c} cube. Success: both finger pads of the episode's arm are on the cube (the
-  "held" test in `_held_by`) and its bottom is at least `LIFT_HEIGHT_M` above the table.
+  hold the {c} cube. Success: the episode's arm holds the cube (both finger pads on it, the
+  "held" test in `_held_by`, or, off the table, a finger on it: `_carried_by`) and its bottom
+  is at least `LIFT_HEIGHT_M` above the table.
 - `move`: reach -> grasp -> lift -> move the {c} cube to the {d} -> put down the {c} cube ->
   release the {c} cube. Success: the cube rests on the table (on any face), no finger touches
   it, and it moved at least `MOVE_SUCCESS_M` the named way and at most `MOVE_SIDEWAYS_M` across.
@@ -302,6 +303,22 @@ def _held_by(workcell: Workcell, arm: str, name: str) -> bool:
     )
 
 
+def _carried_by(workcell: Workcell, arm: str, name: str) -> bool:
+    """The cube off the table (its centre more than `RESTING_M` above its resting height, not
+    touching the table top) with a finger of `arm` on it: nothing else holds a cube up. A grip
+    by the top edge carries the cube with its centre beyond the reach of the pads that
+    `_held_by` asks for (pinch point 3.0-3.2 cm above the centre, measured); without this the
+    carry read as not held, and its stage as "reach"."""
+    if workcell.object_pose(name).position[2] - CUBE_HALF_SIZE_M <= RESTING_M:
+        return False
+    if workcell.touching("table_top", name):
+        return False
+    prefix = robot.mjcf_prefix(arm)
+    return workcell.touching(f"{prefix}10_left_gripper_finger", name) or workcell.touching(
+        f"{prefix}10_right_gripper_finger", name
+    )
+
+
 def _touched_by_any_finger(workcell: Workcell, name: str) -> bool:
     return any(
         _held_by(workcell, arm, name)
@@ -328,7 +345,9 @@ def evaluate(workcell: Workcell, spec: EpisodeSpec) -> Evaluation:
     lift = float(cube[2] - CUBE_HALF_SIZE_M)
     pinch = workcell.site_position(f"{spec.arm}_pinch")
     pinch_distance = float(np.linalg.norm(pinch - cube))
-    held = _held_by(workcell, spec.arm, spec.target)
+    held = _held_by(workcell, spec.arm, spec.target) or _carried_by(
+        workcell, spec.arm, spec.target
+    )
     near = pinch_distance <= NEAR_M
     success = False
     if spec.action == "move":

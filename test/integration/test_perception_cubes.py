@@ -191,10 +191,11 @@ def test_cube_poses_follow_a_gripper_that_holds_the_cube(
     launcher, ros_node, tmp_path, kind
 ) -> None:
     """`cube_state: poses`: the frames carry each cube's pose; with the joint state putting a
-    pinch point at a cube and its gripper stopped on it, that cube is at the pinch point (its
-    height the pinch's: the joints reach the perception); let go, it is seen on the table
-    again. `reach` adds each cube's offset from each hand: the held cube's from its hand is
-    zero, where it was more than 5 cm with the arm at home."""
+    pinch point at a cube and its gripper stopped on it, that cube is under the pinch point, on
+    the table, and rises with the hand (the joints reach the perception); let go, it is seen on
+    the table again. `reach` adds each cube's offset from each hand: the held cube's from its
+    hand is the pinch point's height above the cube's centre, where it was more than 5 cm with
+    the arm at home."""
     from oxygen_ros.sim.expert import DOWN, ScriptedExpert
     from oxygen_ros.sim.kinematics import ArmKinematics, gripper_rotation
 
@@ -254,16 +255,30 @@ def test_cube_poses_follow_a_gripper_that_holds_the_cube(
         joints[robot.gripper_index(spec.arm)] = 0.6
         pinch, _ = kin.forward(result.q)
         sensors.show(cell, spec.objects, joints)
+        # held: under the pinch point, on the table until the hand rises from where it closed
+        held_at = np.array([*pinch[:2], on_table[k, 2]])
         wait_for(
-            lambda: np.allclose(poses()[k, :3], pinch, atol=1e-4),
+            lambda: np.allclose(poses()[k, :3], held_at, atol=1e-4),
             10,
             lambda: (
-                f"{spec.target} at the pinch point {pinch}, not {poses()[k]} (joints "
-                f"{np.asarray(frames[-1].joint_positions[:14]).round(3)})"
+                f"{spec.target} held under the pinch point at {held_at}, not {poses()[k]} "
+                f"(joints {np.asarray(frames[-1].joint_positions[:14]).round(3)})"
             ),
         )
         if kind == "reach":
-            assert hand_offset(k, spec.arm) < 1e-4
+            assert abs(hand_offset(k, spec.arm) - (pinch[2] - held_at[2])) < 1e-4
+        # The hand 3 cm up, the gripper still stopped: the cube rises with it.
+        raised = kin.solve(on_table[k] + [0.0, 0.0, 0.035], rotation, result.q)
+        assert raised.converged
+        joints[robot.arm_columns(spec.arm)] = raised.q
+        up, _ = kin.forward(raised.q)
+        sensors.show(cell, spec.objects, joints)
+        lifted = np.array([*up[:2], on_table[k, 2] + up[2] - pinch[2]])
+        wait_for(
+            lambda: np.allclose(poses()[k, :3], lifted, atol=1e-4),
+            10,
+            lambda: f"{spec.target} lifted with the hand to {lifted}, not {poses()[k]}",
+        )
         # The arm back home, its gripper closed on nothing: let go, and the next whole view
         # puts the cube on the table (the positive control of the same check).
         sensors.show(cell, spec.objects)

@@ -74,7 +74,8 @@ def _left_hand_tracker(width: int, height: int, hand: _Hand, grasp: GraspConfig)
 
 def test_a_stopped_gripper_at_the_cube_takes_hold_and_carries_it(cell) -> None:
     """Open, or stopped 5 cm away: the camera's estimate. Stopped at the cube: held, the cube
-    at the pinch point with the fingers' turn added to its yaw, whatever the camera shows. Let
+    under the pinch point, up from the table as far as the hand has risen since it closed, with
+    the fingers' turn added to its yaw, whatever the camera shows. Let
     go with the cube out of sight: on the table where the hand left it; then the next whole
     view."""
     spec = tasks.sample_episode(0)
@@ -102,11 +103,11 @@ def test_a_stopped_gripper_at_the_cube_takes_hold_and_carries_it(cell) -> None:
     hand.pinch = at_cube  # stopped at the cube: held
     pose = update()
     assert pose.held_by == "left"
-    np.testing.assert_allclose((*pose.xy, pose.z), at_cube)
+    np.testing.assert_allclose((*pose.xy, pose.z), (*at_cube[:2], plane))  # still on the table
     at_grasp = pose.yaw
     hand.pinch, hand.yaw = at_cube + np.array([0.1, -0.05, 0.08]), 0.2
     pose = update()  # the image still shows the cube where it was
-    np.testing.assert_allclose((*pose.xy, pose.z), hand.pinch)
+    np.testing.assert_allclose((*pose.xy, pose.z), (*hand.pinch[:2], plane + 0.08))
     assert pose.yaw == pytest.approx(at_grasp + 0.2)
     hand.gripper = 0.3  # closed on nothing: let go
     pose = update(np.zeros_like(image))  # no cube in sight
@@ -117,6 +118,16 @@ def test_a_stopped_gripper_at_the_cube_takes_hold_and_carries_it(cell) -> None:
     np.testing.assert_allclose(pose.start, (x, y), atol=0.005)
 
 
+def _seed_zero_scene(cell):
+    """Seed 0's cubes at home: its spec, the top camera's image, the joints and the table
+    plane's height for that image size."""
+    spec = tasks.sample_episode(0)
+    cell.reset(robot.HOME, spec.objects)
+    image = cell.render(workcell_cubes.CAMERA)
+    plane = workcell_cubes.detector(image.shape[1], image.shape[0]).plane_z
+    return spec, image, cell.joint_positions(), plane
+
+
 def test_a_grip_on_the_cubes_upper_edge_is_held(cell) -> None:
     """The learner's grips (docs/TRAINING.md "Perception holds the learner's grips"): the
     fingers stopped at 0.67 on a cube turned between them, the pinch point 3 cm above the
@@ -124,13 +135,9 @@ def test_a_grip_on_the_cubes_upper_edge_is_held(cell) -> None:
     window before it (held below 0.66, pinch within 2.5 cm) holds neither the wide grip nor the
     high one (the same check seeing the difference), and a gripper stopped 5 cm from the cube
     holds nothing in either."""
-    spec = tasks.sample_episode(0)
-    cell.reset(robot.HOME, spec.objects)
-    image = cell.render(workcell_cubes.CAMERA)
+    spec, image, joints, plane = _seed_zero_scene(cell)
     height, width = image.shape[:2]
     x, y, _ = spec.objects[spec.target]
-    plane = workcell_cubes.detector(width, height).plane_z
-    joints = cell.joint_positions()
 
     def held(grasp: GraspConfig, gripper: float, pinch: np.ndarray) -> bool:
         hand = _Hand()
@@ -142,12 +149,14 @@ def test_a_grip_on_the_cubes_upper_edge_is_held(cell) -> None:
             return False
         hand.pinch = pinch + np.array([0.0, 0.0, 0.05])  # lifted: the cube goes with the hand
         pose = poses.update(image, joints)[spec.target]
-        assert pose.z == pytest.approx(pinch[2] + 0.05)
+        # up from the table by as much as the hand rose (before: at the pinch point's height)
+        lifted = plane + 0.05 if grasp.lift_from_lowest_pinch else pinch[2] + 0.05
+        assert pose.z == pytest.approx(lifted)
         return True
 
     high = np.array([x, y, plane + 0.03])
     centre = np.array([x, y, plane])
-    earlier = GraspConfig(near_m=0.025, held_max=0.66)
+    earlier = GraspConfig(near_m=0.025, held_max=0.66, close_margin=1.0, release_margin=0.0)
     assert held(GraspConfig(), 0.67, high)
     assert held(GraspConfig(), 0.6, high) and held(GraspConfig(), 0.67, centre)
     assert not held(earlier, 0.6, high) and not held(earlier, 0.67, centre)
@@ -155,6 +164,41 @@ def test_a_grip_on_the_cubes_upper_edge_is_held(cell) -> None:
     for grasp in (GraspConfig(), earlier):
         assert not held(grasp, 0.6, centre + np.array([0.05, 0.0, 0.0]))
         assert not held(grasp, 0.3, centre)  # closed on nothing
+
+
+def test_a_wide_grip_after_opening_wide_is_held_and_lifts_from_the_grip(cell) -> None:
+    """The learner opens to 1.0 and its fingers stop near 0.76-0.83 on a cube held turned or by
+    its upper edge (docs/TRAINING.md "Perception holds the learner's wide grips"). Closed from
+    1.0 to 0.78 at the cube's upper edge, the cube is held, and, lifted, rises from the table by
+    as much as the hand rose from where it closed, also when the hold is first seen a frame
+    after the lift began; the window before it (`before_2026_12_03`) holds nothing there. The
+    same gripper value reached from an opening of 0.8 (the expert's), i.e. an open gripper, holds
+    nothing (the check seeing a difference); squeezing on holds; opening past the narrowest by
+    `release_margin` lets go."""
+    spec, image, joints, plane = _seed_zero_scene(cell)
+    height, width = image.shape[:2]
+    x, y, _ = spec.objects[spec.target]
+    edge = np.array([x, y, plane + 0.016])  # the pinch point on the cube's upper edge
+
+    def track(grasp: GraspConfig, frames: list[tuple[float, np.ndarray]]):
+        hand = _Hand()
+        poses = _left_hand_tracker(width, height, hand, grasp)
+        out = []
+        for gripper, pinch in frames:
+            hand.gripper, hand.pinch = gripper, pinch
+            pose = poses.update(image, joints)[spec.target]
+            out.append((pose.held_by, pose.z))
+        return out
+
+    up = np.array([0.0, 0.0, 0.012])
+    wide = [(1.0, edge + 0.1 * up / 0.012), (1.0, edge), (0.9, edge), (0.78, edge + up)]
+    held, z = track(GraspConfig(), wide)[-1]
+    assert held == "left" and z == pytest.approx(plane + 0.012)  # not the pinch's plane + 0.028
+    assert track(GraspConfig.before_2026_12_03(), wide)[-1][0] is None
+    narrow = [(0.8, edge + 0.1 * up / 0.012), (0.8, edge), (0.78, edge + up)]
+    assert track(GraspConfig(), narrow)[-1][0] is None  # open at 0.8: nothing closed
+    squeeze = [*wide, (0.74, edge + 2 * up), (0.81, edge + 2 * up), (0.83, edge + 2 * up)]
+    assert [h for h, _ in track(GraspConfig(), squeeze)[-3:]] == ["left", "left", None]
 
 
 def test_the_cube_is_followed_through_a_move(cell) -> None:

@@ -6,10 +6,10 @@ function of the current state only (where the feedback expert's phase machine is
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import numpy as np
 import pytest
+from grips import grip_above_centre, specs
 
 from oxygen_ros.sim import generate_demos, robot, tasks
 from oxygen_ros.sim.expert import ExpertConfig
@@ -27,11 +27,6 @@ def cell():
     workcell = Workcell(WorkcellConfig(render=False))
     yield workcell
     workcell.close()
-
-
-def _specs(template: str, count: int, start: int = 0) -> list[tasks.EpisodeSpec]:
-    specs = (tasks.sample_episode(s) for s in itertools.count(start))
-    return list(itertools.islice((s for s in specs if s.template == template), count))
 
 
 def _run(
@@ -89,7 +84,7 @@ def test_episodes_succeed_through_every_stage_in_order(
     cell: Workcell, template: str, config: ReactiveConfig
 ) -> None:
     expert = ReactiveExpert(cell.model, config)
-    for spec in _specs(template, EPISODES_PER_TEMPLATE):
+    for spec in specs(template, EPISODES_PER_TEMPLATE):
         succeeded, stages, _ = _run(cell, expert, spec)
         assert succeeded, spec
         assert tuple(stages) == tasks.subtask_labels(spec), spec
@@ -101,7 +96,7 @@ def test_episodes_succeed_under_command_noise(cell: Workcell) -> None:
     0.02 rad 14/20, the six failures all moves, where the feedback expert has 15/20)."""
     expert = ReactiveExpert(cell.model)
     for template in tasks.TEMPLATES:
-        for spec in _specs(template, 2, start=100):
+        for spec in specs(template, 2, start=100):
             assert _run(cell, expert, spec, noise_rad=0.01)[0], spec
 
 
@@ -110,7 +105,7 @@ def test_a_dropped_cube_is_grasped_again(cell: Workcell, template: str) -> None:
     """The gripper is forced open for 0.4 s once the cube is lifted: the cube falls (held goes
     from true to false), the expert, remembering nothing, goes back for it and succeeds."""
     expert = ReactiveExpert(cell.model)
-    spec = _specs(template, 1, start=200)[0]
+    spec = specs(template, 1, start=200)[0]
     succeeded, stages, held = _run(cell, expert, spec, drop_at_stage=2)
     labels = tasks.subtask_labels(spec)
     assert succeeded, (spec, stages)
@@ -125,7 +120,7 @@ def test_command_depends_on_the_state_alone(cell: Workcell) -> None:
     fresh expert and one that has just run another episode give the same command from that
     state restored. Positive control: a fresh feedback expert from the same state does not
     give its own episode's command (its phase machine starts over at the approach)."""
-    spec = _specs("move", 1, start=300)[0]
+    spec = specs("move", 1, start=300)[0]
     labels = tasks.subtask_labels(spec)
     for make in (ReactiveExpert, FeedbackExpert):
         expert = make(cell.model)
@@ -136,7 +131,7 @@ def test_command_depends_on_the_state_alone(cell: Workcell) -> None:
             cell.step(CONTROL_DT)
         state = cell.physics_state()
         reference = expert.command(cell)
-        other = _specs("pick", 1, start=300)[0]
+        other = specs("pick", 1, start=300)[0]
         _run(cell, expert, other)  # another episode's history
         cell.set_physics_state(state)
         expert.reset(cell, spec)
@@ -157,7 +152,7 @@ def test_command_depends_on_the_state_alone(cell: Workcell) -> None:
 def test_the_gripper_closes_only_at_the_cube_centre(cell: Workcell) -> None:
     """From the state at the approach point above the cube the command keeps the gripper open;
     with the pinch within the closing box it closes (the configured thresholds, both sides)."""
-    spec = _specs("pick", 1, start=400)[0]
+    spec = specs("pick", 1, start=400)[0]
     config = ReactiveConfig()
     expert = ReactiveExpert(cell.model, config)
     cell.reset(robot.HOME, spec.objects)
@@ -200,38 +195,14 @@ def test_generate_demos_records_the_reactive_expert(tmp_path) -> None:
     assert order[0] == 0 and order[-1] == len(labels) - 1 and np.all(np.diff(order) >= 0)
 
 
-def _grip_above_centre(
-    cell: Workcell, spec: tasks.EpisodeSpec, height_m: float, lift_m: float = 0.02
-) -> None:
-    """Closes `spec`'s arm on its cube with the pinch point `height_m` above the cube's centre
-    (the fingers on its top part) and lifts `lift_m`: a grip off the centre, as a learner
-    makes."""
-    expert = ReactiveExpert(cell.model)
-    cell.reset(robot.HOME, spec.objects)
-    expert.reset(cell, spec)
-    centre = np.asarray(cell.object_pose(spec.target).position, np.float64)
-    waypoints = expert.config.waypoints
-    steps = (
-        (height_m + 0.05, waypoints.gripper_open, 2.0),
-        (height_m, waypoints.gripper_open, 1.5),
-        (height_m, waypoints.gripper_closed, 0.8),
-        (height_m + lift_m, waypoints.gripper_closed, 0.8),
-    )
-    for height, gripper, seconds in steps:
-        target = centre + np.array((0.0, 0.0, height))
-        for _ in range(round(seconds / CONTROL_DT)):
-            cell.set_targets(expert.steer(cell, target, gripper))
-            cell.step(CONTROL_DT)
-
-
 def test_keep_held_lifts_a_cube_held_off_the_centre(cell: Workcell) -> None:
     """The cube held and lifted with the pinch point just beyond `near_m` above its centre: by
     default the expert lets go (the grip reads as open: it goes down to the centre, gripper
     open); with `keep_held` it keeps the gripper closed, steers straight up (the grip's offset
     kept) and the pick succeeds."""
-    spec = _specs("pick", 1, start=500)[0]
+    spec = specs("pick", 1, start=500)[0]
     config = ReactiveConfig()
-    _grip_above_centre(cell, spec, config.near_m + 0.002)
+    grip_above_centre(cell, spec, config.near_m + 0.002)
     evaluation = tasks.evaluate(cell, spec)
     assert evaluation.held and evaluation.lift_m >= config.kept_lift_m, evaluation
     assert evaluation.pinch_distance_m > config.near_m, evaluation
@@ -261,9 +232,9 @@ def test_grip_high_lets_go_of_a_top_edge_grip_and_grasps_at_the_centre(cell: Wor
     """Fingers closed on the cube's top part (pinch 20 mm above its centre), the cube still on
     the table: by default the expert holds and lifts (the positive control); with
     `grip_high_m` it opens and descends, grasps again at the centre and the pick succeeds."""
-    spec = _specs("pick", 1, start=500)[0]
+    spec = specs("pick", 1, start=500)[0]
     config = ReactiveConfig()
-    _grip_above_centre(cell, spec, 0.02, lift_m=0.0)
+    grip_above_centre(cell, spec, 0.02, lift_m=0.0)
     evaluation = tasks.evaluate(cell, spec)
     assert evaluation.held and evaluation.lift_m <= config.resting_m, evaluation
     pinch = cell.site_position(f"{spec.arm}_pinch")

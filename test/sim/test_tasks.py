@@ -10,6 +10,7 @@ import math
 import mujoco
 import numpy as np
 import pytest
+from grips import grip_above_centre, specs
 
 from oxygen_ros.sim import robot, tasks
 from oxygen_ros.sim.scene import COLOURS
@@ -246,3 +247,21 @@ def test_success_tracker_needs_an_unbroken_dwell() -> None:
     assert tracker.update(yes, 1.6)
     assert tracker.success_time == pytest.approx(1.3)
     assert tracker.update(no, 1.7) and tracker.succeeded  # success is final
+
+
+def test_a_cube_carried_by_its_top_edge_is_held(cell: Workcell) -> None:
+    """Fingers closed on the top edge (pinch point 3.1 cm above the centre) and lifted 3 cm:
+    the pads' geometric test alone (`_held_by`, the positive control for the difference) says
+    not held, yet the cube is up and a finger is on it, so it is held and its stage is lift
+    (before 2026-12-03 it was "reach" all through such a carry). Gripped 3.4 cm above the
+    centre the cube slips out onto the table: not held."""
+    spec = specs("pick", 1, start=500)[0]
+    labels = tasks.subtask_labels(spec)
+    grip_above_centre(cell, spec, 0.031, lift_m=0.03)
+    result = tasks.evaluate(cell, spec)
+    assert not tasks._held_by(cell, spec.arm, spec.target)
+    assert result.held and result.lift_m > tasks.LIFT_STARTED_M, result
+    assert result.stage == labels[2]
+    grip_above_centre(cell, spec, 0.034, lift_m=0.03)
+    result = tasks.evaluate(cell, spec)
+    assert not result.held and result.lift_m < tasks.RESTING_M and result.stage == labels[0]

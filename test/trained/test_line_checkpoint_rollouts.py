@@ -1,19 +1,19 @@
-"""The served checkpoint of the DAgger line (models/workcell_run73, config/workcell.yaml's) in
+"""The served checkpoint of the DAgger line (models/workcell_run76, config/workcell.yaml's) in
 closed loop without ROS: engine, perception's target-cube state (`target_m`: the offsets in
 metres) and physics only (`oxygen_ros.training.rollout`), on held-out seeds 0-11 (its line's
 demonstrations used seeds 1000-1999, its DAgger rounds 920-979, 120-239, 300-359, 1000-1059
-and 1180-1299), each chunk executed as the graph executes it: a new chunk every 0.1 s, blended
+and 1180-1419), each chunk executed as the graph executes it: a new chunk every 0.1 s, blended
 into the running one over 3 rows (the inference node's action stream).
 
 A regression guard for everything between the weights and the arm (delta actions served back
 as absolute targets, the state's names and norm stats, the cube tracker, chunk execution and
-the blend), not issue 10's bar. Thresholds from the measured rates (docs/TRAINING.md "Run 73"):
-98 of 120 held-out seeds finished (82 %), 11 of seeds 0-11; the spoken subtask right in 89.4 %
-of the frames on seeds 0-119, and in 82.7-96.4 % of each of the ten runs of 12 consecutive
-seeds (87.5 % on seeds 0-11). At 82 % the chance that 12 episodes finish fewer than six is
-0.23 %, so at least six successes are asserted, and a subtask right in at least 75 % of the
-frames. (On these twelve seeds run 69, the same actions with the head before run 73's training,
-is right in 88.0 %: its errors are in failed episodes, and both finish 11 here.)
+the blend), not issue 10's bar. Thresholds from the measured rates (docs/TRAINING.md "Runs
+75-76"): 99 of 120 held-out seeds finished (82 %), 11 of seeds 0-11; the spoken subtask right
+in 92.2 % of the frames on seeds 0-119, and in 82.4-97.6 % of each of the ten runs of 12
+consecutive seeds (89.1 % on seeds 0-11). At 82 % the chance that 12 episodes finish fewer than
+six is 0.23 %, so at least six successes are asserted, and a subtask right in at least 80 % of
+the frames. (On these twelve seeds run 73, the same actions with the head and perception window
+before, was right in 87.5 %.)
 Served wrongly (without its delta-action mask) the line's checkpoints finish 0 of these 12
 (checked by hand on run 64 when it became the served checkpoint). The real-time chunking test
 below serves run 38 (the line's earlier head, `target` state), whose guided and unguided gaps
@@ -28,12 +28,12 @@ from oxygen_ros.resources import resolve_path
 from oxygen_ros.training import rollout
 
 pytestmark = pytest.mark.slow
-CHECKPOINT = resolve_path("package://oxygen_ros/models/workcell_run73")
+CHECKPOINT = resolve_path("package://oxygen_ros/models/workcell_run76")
 OBJECT_STATE = "target_m"
 PRESET = "workcell_target_m_bins"
 SEEDS = range(12)  # held out; moves and both picks among them
 SUCCESSES_MIN = 6
-SUBTASK_ACCURACY_MIN = 0.75
+SUBTASK_ACCURACY_MIN = 0.8
 RTC_CHECKPOINT = resolve_path("package://oxygen_ros/models/workcell_run38")
 
 

@@ -1,9 +1,9 @@
-"""The workcell profile's checkpoint (config/workcell.yaml's inference checkpoint_dir: run 73
-of the one-frequency DAgger line, run 69 with its language head trained on its own episodes,
-models/workcell_run73) through the engine, no ROS: what it says at the first frame of held-out
-episodes (seeds never trained on: its line's demonstrations used seeds 1000-1999, its DAgger
-rounds 920-979, 120-239, 300-359, 1000-1059 and 1180-1299; docs/TRAINING.md "Runs 62-66",
-"Runs 67-68", "Run 69", "Run 73").
+"""The workcell profile's checkpoint (config/workcell.yaml's inference checkpoint_dir: run 76
+of the one-frequency DAgger line, run 69's actions with its language head trained on the
+learner's own episodes, models/workcell_run76) through the engine, no ROS: what it says at the
+first frame of held-out episodes (seeds never trained on: its line's demonstrations used seeds
+1000-1999, its DAgger rounds 920-979, 120-239, 300-359, 1000-1059 and 1180-1419;
+docs/TRAINING.md "Runs 62-66", "Runs 67-68", "Run 69", "Run 73", "Runs 75-76").
 
 The checkpoint, its preset and its object state are read from the YAML, so this test follows
 the default. Asserted is what the checkpoint measurably does: at the first frame of 40
@@ -60,7 +60,7 @@ def workcell():
 
 
 def test_the_profile_serves_the_line_checkpoint() -> None:
-    assert Path(CHECKPOINT).name == "workcell_run73"
+    assert Path(CHECKPOINT).name == "workcell_run76"
     assert INFERENCE["model_preset"] == PERCEPTION["model_preset"] == "workcell_target_m_bins"
     assert PERCEPTION["cube_state"] == "target_m" and PERCEPTION["cube_state_camera"]
 
