@@ -82,25 +82,31 @@ def episode_errors(path: Path, cell) -> dict[str, np.ndarray]:
     return out
 
 
+SUMMARY_KEYS = ("z_off_share", "xy_off_share", "z_err_p50_mm", "z_err_p90_mm", "xy_err_p50_mm")
+
+
+def _group_summary(err: np.ndarray) -> dict:
+    """Shares off and error percentiles of one group's (frames, [xy, z]) errors; None where the
+    group has no frames."""
+    if not len(err):
+        return {"frames": 0, **dict.fromkeys(SUMMARY_KEYS)}
+    return {
+        "frames": len(err),
+        "z_off_share": float(np.mean(err[:, 1] > Z_OFF_M)),
+        "xy_off_share": float(np.mean(err[:, 0] > XY_OFF_M)),
+        "z_err_p50_mm": float(1000 * np.median(err[:, 1])),
+        "z_err_p90_mm": float(1000 * np.percentile(err[:, 1], 90)),
+        "xy_err_p50_mm": float(1000 * np.median(err[:, 0])),
+    }
+
+
 def summary(errors: list[dict[str, np.ndarray]]) -> dict:
     phase = np.concatenate([e["phase"] for e in errors])
     groups = {"all": phase >= 0, "lifted": phase == 2, "held_low": phase == 1, "free": phase == 0}
     result = {}
     for window in WINDOWS:
         err = np.concatenate([e[window] for e in errors])
-        result[window] = {
-            group: {
-                "frames": int(mask.sum()),
-                "z_off_share": float(np.mean(err[mask, 1] > Z_OFF_M)) if mask.any() else None,
-                "xy_off_share": float(np.mean(err[mask, 0] > XY_OFF_M)) if mask.any() else None,
-                "z_err_p50_mm": float(1000 * np.median(err[mask, 1])) if mask.any() else None,
-                "z_err_p90_mm": float(1000 * np.percentile(err[mask, 1], 90))
-                if mask.any()
-                else None,
-                "xy_err_p50_mm": float(1000 * np.median(err[mask, 0])) if mask.any() else None,
-            }
-            for group, mask in groups.items()
-        }
+        result[window] = {group: _group_summary(err[mask]) for group, mask in groups.items()}
     return result
 
 

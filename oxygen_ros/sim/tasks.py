@@ -303,28 +303,28 @@ def _held_by(workcell: Workcell, arm: str, name: str) -> bool:
     )
 
 
-def _carried_by(workcell: Workcell, arm: str, name: str) -> bool:
-    """The cube off the table (its centre more than `RESTING_M` above its resting height, not
+def _finger_on(workcell: Workcell, arm: str, name: str) -> bool:
+    """A finger of `arm` touches the object `name` (a contact, either finger)."""
+    prefix = robot.mjcf_prefix(arm)
+    return any(
+        workcell.touching(f"{prefix}10_{side}_gripper_finger", name) for side in ("left", "right")
+    )
+
+
+def _carried_by(workcell: Workcell, arm: str, name: str, lift: float) -> bool:
+    """The cube off the table (its bottom `lift` more than `RESTING_M` above the table, not
     touching the table top) with a finger of `arm` on it: nothing else holds a cube up. A grip
     by the top edge carries the cube with its centre beyond the reach of the pads that
     `_held_by` asks for (pinch point 3.0-3.2 cm above the centre, measured); without this the
     carry read as not held, and its stage as "reach"."""
-    if workcell.object_pose(name).position[2] - CUBE_HALF_SIZE_M <= RESTING_M:
+    if lift <= RESTING_M or workcell.touching("table_top", name):
         return False
-    if workcell.touching("table_top", name):
-        return False
-    prefix = robot.mjcf_prefix(arm)
-    return workcell.touching(f"{prefix}10_left_gripper_finger", name) or workcell.touching(
-        f"{prefix}10_right_gripper_finger", name
-    )
+    return _finger_on(workcell, arm, name)
 
 
 def _touched_by_any_finger(workcell: Workcell, name: str) -> bool:
     return any(
-        _held_by(workcell, arm, name)
-        or workcell.touching(robot.mjcf_prefix(arm) + "10_left_gripper_finger", name)
-        or workcell.touching(robot.mjcf_prefix(arm) + "10_right_gripper_finger", name)
-        for arm in robot.ARMS
+        _held_by(workcell, arm, name) or _finger_on(workcell, arm, name) for arm in robot.ARMS
     )
 
 
@@ -346,7 +346,7 @@ def evaluate(workcell: Workcell, spec: EpisodeSpec) -> Evaluation:
     pinch = workcell.site_position(f"{spec.arm}_pinch")
     pinch_distance = float(np.linalg.norm(pinch - cube))
     held = _held_by(workcell, spec.arm, spec.target) or _carried_by(
-        workcell, spec.arm, spec.target
+        workcell, spec.arm, spec.target, lift
     )
     near = pinch_distance <= NEAR_M
     success = False

@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from grips import grip_above_centre, specs
+from grips import CONTROL_DT, grip_above_centre, specs
 
 from oxygen_ros.sim import generate_demos, robot, tasks
 from oxygen_ros.sim.expert import ExpertConfig
@@ -19,7 +19,6 @@ from oxygen_ros.sim.recorder import episode_path, read_episode
 from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
 
 EPISODES_PER_TEMPLATE = 6
-CONTROL_DT = 1.0 / generate_demos.CONTROL_HZ
 
 
 @pytest.fixture(scope="module")
