@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import hashlib
 import json
 import shutil
@@ -332,6 +333,61 @@ def run(
     return ran
 
 
+# The committed rows the rebuilt checkpoints' evaluations are checked against (run 76 acts as
+# run 69 does, bit for bit: its row is run 69's actions under the current code).
+REFERENCE = "docs/results/rollout_run76_seeds0-119.json.gz"
+CHECKS = {"eval69": ("success",), "eval76": ("success", "subtask")}
+
+
+def _episodes(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as handle:
+        return json.load(handle)["episodes"]
+
+
+def compare(rebuilt: Sequence[dict], reference: Sequence[dict], checks: Sequence[str]) -> dict:
+    """The rebuilt evaluation against the committed one, as decided before the rebuild ran:
+    successes by Fisher's exact test, per-episode subtask accuracy by the Mann-Whitney U test,
+    both two-sided; "reproduced" when no checked p is below 0.05."""
+    from scipy import stats
+
+    def rates(episodes: Sequence[dict]) -> tuple[int, int, float, list[float]]:
+        hits = sum(e["subtask_hits"] for e in episodes)
+        said = sum(e["subtask_said"] for e in episodes)
+        per_episode = [
+            e["subtask_hits"] / e["subtask_said"] for e in episodes if e["subtask_said"]
+        ]
+        return sum(e["success"] for e in episodes), len(episodes), hits / max(said, 1), per_episode
+
+    got, want = rates(rebuilt), rates(reference)
+    out = {
+        "rebuilt": {"successes": got[0], "episodes": got[1], "subtask_accuracy": got[2]},
+        "reference": {"successes": want[0], "episodes": want[1], "subtask_accuracy": want[2]},
+        "p": {},
+    }
+    if "success" in checks:
+        table = [[got[0], got[1] - got[0]], [want[0], want[1] - want[0]]]
+        out["p"]["success_fisher"] = float(stats.fisher_exact(table).pvalue)
+    if "subtask" in checks:
+        test = stats.mannwhitneyu(got[3], want[3], alternative="two-sided")
+        out["p"]["subtask_mannwhitney"] = float(test.pvalue)
+    out["reproduced"] = all(p >= 0.05 for p in out["p"].values())
+    return out
+
+
+def compare_stage(name: str, work: Path, reference: Path) -> dict:
+    """`compare` for a finished evaluate stage of the chain (both halves)."""
+    stage = {s.name: s for s in chain()}[name]
+    if stage.kind != "evaluate":
+        raise ValueError(f"{name} is not an evaluation stage")
+    paths = [work / f"{out}.json" for out in stage.outputs()]
+    missing = [str(path) for path in (*paths, reference) if not path.exists()]
+    if missing:
+        raise FileNotFoundError(f"not there (run the stage first?): {', '.join(missing)}")
+    rebuilt = [e for path in paths for e in _episodes(path)]
+    return compare(rebuilt, _episodes(reference), CHECKS[name])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", default="data/reproduce", help="where every stage writes")
@@ -348,6 +404,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--list", action="store_true", help="print the stages and their state")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument(
+        "--compare",
+        default="",
+        metavar="STAGE",
+        help=f"check a finished evaluation ({', '.join(CHECKS)}) against the committed row",
+    )
+    parser.add_argument(
+        "--reference",
+        default=REFERENCE,
+        help="the committed rollout JSON (from the repository root)",
+    )
     args = parser.parse_args(argv)
     work = Path(args.work).resolve()
     stages = chain()
@@ -357,6 +424,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name not in by_name:
             parser.error(f"unknown stage {name!r}")
         import_stage(by_name[name], stages, work, Path(source))
+    if args.compare:
+        result = compare_stage(args.compare, work, Path(args.reference))
+        print(json.dumps(result, indent=1))
+        return 0 if result["reproduced"] else 1
     if args.list or args.dry_run:
         for stage in stages:
             state = "done" if is_done(stage, stages, work) else "to do"

@@ -144,3 +144,37 @@ def test_the_listing_names_every_stage(tmp_path: Path, capsys: pytest.CaptureFix
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == [s.name for s in STAGES]
     assert all(line.split()[-1] == "do" for line in lines)  # "to do"
+
+
+def _episode(seed: int, success: bool, hits: int, said: int = 60) -> dict:
+    return {"seed": seed, "success": success, "subtask_hits": hits, "subtask_said": said}
+
+
+def _row(successes: int, hits: int, n: int = 120) -> list[dict]:
+    return [_episode(i, i < successes, hits + (i % 5) - 2) for i in range(n)]
+
+
+def test_the_comparison_passes_the_same_row_and_fails_a_worse_one() -> None:
+    reference = _row(99, 55)
+    same = reproduce.compare(reference, reference, ("success", "subtask"))
+    assert same["reproduced"] and same["p"]["success_fisher"] == 1.0
+    # Positive controls: the same check sees fewer successes, and a worse subtask alone.
+    fewer = reproduce.compare(_row(70, 55), reference, ("success", "subtask"))
+    assert not fewer["reproduced"] and fewer["p"]["success_fisher"] < 0.05
+    worse = reproduce.compare(_row(99, 45), reference, ("success", "subtask"))
+    assert not worse["reproduced"] and worse["p"]["subtask_mannwhitney"] < 0.05
+    # eval69 checks successes alone: a different head does not fail it.
+    assert reproduce.compare(_row(99, 45), reference, ("success",))["reproduced"]
+
+
+def test_compare_stage_reads_both_halves(tmp_path: Path) -> None:
+    assert set(reproduce.CHECKS) == {s.name for s in STAGES if s.kind == "evaluate"}
+    row = _row(99, 55)
+    for half, episodes in zip("ab", (row[:60], row[60:]), strict=True):
+        (tmp_path / f"eval76{half}.json").write_text(json.dumps({"episodes": episodes}))
+    reference = tmp_path / "reference.json"
+    reference.write_text(json.dumps({"episodes": row}))
+    result = reproduce.compare_stage("eval76", tmp_path, reference)
+    assert result["rebuilt"]["episodes"] == 120 and result["reproduced"]
+    with pytest.raises(ValueError, match="not an evaluation"):
+        reproduce.compare_stage("run76", tmp_path, reference)
