@@ -226,13 +226,17 @@ def _expected(stage: Stage, stages: Sequence[Stage], work: Path) -> dict:
     }
 
 
+def _recorded(work: Path, name: str) -> dict | None:
+    path = _marker(work, name)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def is_done(stage: Stage, stages: Sequence[Stage], work: Path) -> bool:
     """Its marker exists and names the same commands and the same input markers (an imported
     stage: the same commands)."""
-    path = _marker(work, stage.name)
-    if not path.exists():
+    recorded = _recorded(work, stage.name)
+    if recorded is None:
         return False
-    recorded = json.loads(path.read_text())
     want = _expected(stage, stages, work)
     if recorded.get("imported"):
         return recorded.get("commands") == want["commands"]
@@ -260,8 +264,7 @@ def stale(stages: Sequence[Stage], work: Path) -> set[str]:
     never stale: the chain goes on from it whatever is upstream)."""
     out: set[str] = set()
     for stage in stages:
-        marker = _marker(work, stage.name)
-        imported = marker.exists() and bool(json.loads(marker.read_text()).get("imported"))
+        imported = bool((_recorded(work, stage.name) or {}).get("imported"))
         done = is_done(stage, stages, work)
         if not done or (not imported and any(name in out for name in stage.inputs)):
             out.add(stage.name)
@@ -392,7 +395,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", default="data/reproduce", help="where every stage writes")
     parser.add_argument(
-        "--until", default="", help="build this stage and what it needs (default: the last)"
+        "--until",
+        default="",
+        help="build this stage and what it needs (default: every stage nothing else reads)",
     )
     parser.add_argument(
         "--import",
