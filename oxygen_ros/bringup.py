@@ -80,6 +80,13 @@ def parse_args(argv: Sequence[str]) -> tuple[dict[str, str], argparse.Namespace]
         help="directory for the nodes' logs (default: a new temporary one)",
     )
     parser.add_argument("--no-view", action="store_true", help="do not show the console view")
+    parser.add_argument(
+        "--print",
+        dest="print_only",
+        action="store_true",
+        help="print the nodes the arguments resolve to (params file, overrides, command line)"
+        " and exit without starting them",
+    )
     options = parser.parse_args(rest)
     launch_args.setdefault("use_sim", "true")
     return launch_args, options
@@ -159,7 +166,9 @@ class ConsoleView:
         from oxygen_ros.nodes.runtime import LATCHED_QOS, RELIABLE_QOS, SPEECH_QOS, latched_qos
 
         self.context = rclpy.Context()
-        rclpy.init(context=self.context, signal_handler_options=SignalHandlerOptions.NO)
+        rclpy.init(  # args=[]: the launch arguments in sys.argv are not ROS arguments
+            args=[], context=self.context, signal_handler_options=SignalHandlerOptions.NO
+        )
         self.node = rclpy.create_node(
             "oxygen_bringup_view", namespace=namespace or None, context=self.context
         )
@@ -312,6 +321,21 @@ def _clip(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def describe(nodes: Sequence[graph.ResolvedNode], overrides_dir: Path) -> str:
+    """What `--print` shows: per node its name, namespace, params file, launch overrides and
+    the command line the bring-up would run (with its overrides file in `overrides_dir`)."""
+    lines = []
+    for node in nodes:
+        lines += [
+            f"{node.spec.name}: {node.spec.module}",
+            f"  namespace    {node.namespace or '/'}",
+            f"  params_file  {node.params_file}",
+            f"  overrides    {dict(node.overrides) or '-'}",
+            f"  command      {' '.join(node.command(overrides_dir))}",
+        ]
+    return "\n".join(lines)
+
+
 def _reexec_without_source_tree(argv: Sequence[str]) -> None:
     """`python -m oxygen_ros.bringup` run from the repository root imports the source tree's
     oxygen_ros, which lacks the generated messages; start again with -P (install space)."""
@@ -330,6 +354,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     log_dir = Path(options.log_dir or tempfile.mkdtemp(prefix="oxygen_bringup_"))
     log_dir.mkdir(parents=True, exist_ok=True)
+    if options.print_only:
+        print(describe(nodes, log_dir))
+        return 0
     stop = threading.Event()
     previous = {
         sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)

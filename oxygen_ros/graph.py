@@ -11,8 +11,8 @@ Profiles: `humanoid` (synthetic sensors when simulated, perception, inference) a
 `config/<profile>.yaml` unless `params_file` names another file.
 
 Invariants:
-- Every launch argument has a string default; an empty `model_preset`, `checkpoint_dir` or
-  `real_time_factor` means "keep the YAML's value".
+- Every launch argument has a string default; an empty `model_preset`, `checkpoint_dir`,
+  `real_time_factor` or `next_episode_after_s` means "keep the YAML's value".
 - `model_preset` overrides perception's and inference's parameter alike (perception converts
   images to the preset's resolution, the only one inference accepts); `checkpoint_dir`
   reaches inference only.
@@ -81,6 +81,12 @@ LAUNCH_ARGUMENTS: tuple[LaunchArgument, ...] = (
         "",
         "workcell simulation speed, sim seconds per wall second (empty: the YAML's value)",
     ),
+    LaunchArgument(
+        "next_episode_after_s",
+        "",
+        "workcell simulation: start the next seed this many sim seconds after an episode "
+        "ends (empty: the YAML's value; 0: wait for a reset request)",
+    ),
 )
 PROFILES = ("humanoid", "workcell")
 POLICIES = ("model", "expert")
@@ -112,7 +118,7 @@ NODES: tuple[NodeSpec, ...] = (
         "oxygen_ros.nodes.workcell_sim_node",
         "workcell_sim",
         sim_only=True,
-        overridable=("real_time_factor",),
+        overridable=("real_time_factor", "next_episode_after_s"),
         profiles=("workcell",),
     ),
     # model_preset reaches perception too: it converts images to the preset's resolution.
@@ -212,6 +218,17 @@ def parse_factor(text: str) -> float:
     return value
 
 
+def parse_delay(text: str) -> float:
+    """`next_episode_after_s`: a finite number >= 0 (a float parameter, never a string)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"next_episode_after_s must be a number >= 0, got {text!r}")
+    return value
+
+
 def parse_remappings(text: str) -> tuple[tuple[str, str], ...]:
     """'a:=b c:=d' -> (('a', 'b'), ('c', 'd')); empty -> ().
 
@@ -253,8 +270,9 @@ def resolve(arguments: Mapping[str, str]) -> list[ResolvedNode]:
         The nodes to start, in start order (sensors first, inference last).
 
     Raises:
-        ValueError: an unknown argument, a bad boolean, profile, policy or real-time factor,
-            or a missing params file, or a remap entry that is not a from:=to pair.
+        ValueError: an unknown argument, a bad boolean, profile, policy, real-time factor or
+            next-episode delay, a missing params file, or a remap entry that is not a from:=to
+            pair.
     """
     known = {a.name: a.default for a in LAUNCH_ARGUMENTS}
     unknown = sorted(set(arguments) - set(known))
@@ -274,6 +292,8 @@ def resolve(arguments: Mapping[str, str]) -> list[ResolvedNode]:
     }
     if values["real_time_factor"] != "":
         overrides_by_name["real_time_factor"] = parse_factor(values["real_time_factor"])
+    if values["next_episode_after_s"] != "":
+        overrides_by_name["next_episode_after_s"] = parse_delay(values["next_episode_after_s"])
     params_file = (
         Path(os.path.expanduser(values["params_file"]))
         if values["params_file"]

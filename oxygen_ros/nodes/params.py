@@ -313,6 +313,15 @@ WORKCELL_SIM: tuple[ParamSpec, ...] = (
         "int",
         check=int_range(-1, 2**62),
     ),
+    ParamSpec(
+        "next_episode_after_s",
+        0.0,
+        "after an episode ends, start the next seed (the ended episode's + 1) this many sim "
+        "seconds later (0: wait for a reset request)",
+        "float",
+        runtime=True,
+        check=non_negative,
+    ),
     ParamSpec("publish_instruction", True, "publish each episode's instruction", "bool"),
     ParamSpec(
         "test_pattern",

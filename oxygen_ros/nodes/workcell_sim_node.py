@@ -22,6 +22,8 @@ Invariants:
   `chunk_max_age_s` after its first row, then the joints hold (the command buffer's rules).
 - Bad commands are counted per reason (`rejected.<reason>`) with a throttled warning; an
   unexpected error in one callback or tick is counted and logged, never ends the node.
+- With `next_episode_after_s` > 0, an episode that ended that many sim seconds ago is followed
+  by the next seed's, once; a reset request in between wins (the bring-up's endless demo).
 - A reset puts the robot at its rest pose and drops every command received before it; a chunk
   inferred from an observation older than the reset is refused (`rejected.before_reset`).
 - Targets move at most `max_joint_speed` per second (a servo's profile velocity), so one far
@@ -194,6 +196,7 @@ class WorkcellSimNode(Node):
             while not self._stop.is_set():
                 try:
                     t = self._tick(1.0 / p["control_rate_hz"])
+                    self._maybe_next_episode(t)
                 except Exception as exc:  # one bad tick must not end the simulation
                     with self._lock:
                         self.counters["tick_errors"] += 1
@@ -283,8 +286,12 @@ class WorkcellSimNode(Node):
         )
 
     # ---------------------------------------------------------------- episodes
-    def reset_episode(self, seed: int, instruction: str) -> tuple[bool, str, int, str]:
-        """Starts a new episode; returns (accepted, message, episode id, instruction)."""
+    def reset_episode(
+        self, seed: int, instruction: str, after_episode: int | None = None
+    ) -> tuple[bool, str, int, str]:
+        """Starts a new episode; returns (accepted, message, episode id, instruction).
+        `after_episode`: start it only while that episode is still the current one (the next
+        episode of `next_episode_after_s`, which a reset request may have overtaken)."""
         try:
             spec = tasks.sample_episode(seed, instruction)
         except ValueError as exc:
@@ -292,6 +299,8 @@ class WorkcellSimNode(Node):
             return False, str(exc), self._episode.episode_id, ""
         limit = self.params["episode_time_limit_s"] or spec.time_limit_s
         with self._lock:
+            if after_episode is not None and self._episode.episode_id != after_episode:
+                return False, "overtaken by a reset", self._episode.episode_id, ""
             self._workcell.reset(robot.HOME, spec.objects)
             self._buffer.reset(robot.HOME)
             self._applied = robot.HOME.copy()
@@ -304,6 +313,22 @@ class WorkcellSimNode(Node):
         self.counters["resets"] += 1
         self.get_logger().info(f"episode {episode_id} (seed {seed}): {spec.instruction!r}")
         return True, f"episode {episode_id}: {spec.instruction}", episode_id, spec.instruction
+
+    def _maybe_next_episode(self, now: float) -> None:
+        """`next_episode_after_s` > 0: the episode that ended that long ago is followed by the
+        next seed's (simulation thread)."""
+        delay = self.params["next_episode_after_s"]
+        with self._lock:
+            ended = self._episode
+            if delay <= 0 or ended.phase not in ("succeeded", "failed") or ended.spec is None:
+                return
+            if now - ended.end_s < delay:
+                return
+            episode_id, seed, phase = ended.episode_id, ended.spec.seed + 1, ended.phase
+        self.get_logger().info(f"episode {episode_id} {phase}; next: seed {seed}")
+        ok, message, _, _ = self.reset_episode(seed, "", after_episode=episode_id)
+        if not ok and message != "overtaken by a reset":
+            self._throttle.warn(self, "next_episode", f"next episode refused: {message}")
 
     def _on_reset(self, request, response):
         ok, message, episode_id, instruction = self.reset_episode(

@@ -494,6 +494,50 @@ def test_reset_refuses_unknown_instructions_and_episodes_fail_at_their_limit(sim
         probe.set_param("episode_time_limit_s", 0.0)
 
 
+def test_next_episode_after_s_starts_the_next_seed_once_each_episode_ends(sim) -> None:
+    """0 (the YAML's): an ended episode is followed by nothing; > 0: by the next seed's,
+    that many sim seconds after its end, episode after episode (the bring-up's demo)."""
+    _launcher, probe, _simulator, _perception = sim
+    probe.set_param("episode_time_limit_s", 0.5)
+    try:
+        reply = probe.reset(seed=40)
+        assert reply.success, reply.message
+        first = reply.episode_id
+
+        def ended(episode_id: int) -> EpisodeStatus | None:
+            return next(
+                (
+                    s
+                    for s in probe.status_of(episode_id)
+                    if s.phase in (EpisodeStatus.PHASE_FAILED, EpisodeStatus.PHASE_SUCCEEDED)
+                ),
+                None,
+            )
+
+        wait_for(lambda: ended(first), 15, "the first episode to end")
+        end_s = time_to_seconds(ended(first).header.stamp)
+        wait_for(lambda: probe.now() > end_s + 1.5, 15, "1.5 sim s after the end")
+        assert not [s for s in list(probe.statuses) if s.episode_id > first]  # nothing followed
+        probe.set_param("next_episode_after_s", 0.4)
+        for episode_id in (first + 1, first + 2):  # the one ended long ago, then one in turn
+            wait_for(lambda i=episode_id: probe.status_of(i), 15, f"episode {episode_id}")
+            status = probe.status_of(episode_id)[0]
+            assert status.seed == 40 + episode_id - first
+            assert status.phase == EpisodeStatus.PHASE_RUNNING and status.elapsed_s == 0.0
+            wait_for(lambda i=episode_id: ended(i), 15, f"episode {episode_id} to end")
+        started_s = time_to_seconds(probe.status_of(first + 2)[0].header.stamp)
+        previous_end_s = time_to_seconds(ended(first + 1).header.stamp)
+        assert 0.39 < started_s - previous_end_s < 0.42  # within a tick (0.01 s)
+    finally:
+        probe.set_param("next_episode_after_s", 0.0)
+        probe.set_param("episode_time_limit_s", 0.0)
+    last = max(s.episode_id for s in list(probe.statuses))
+    wait_for(lambda: ended(last), 15, "the last episode to end")
+    end_s = time_to_seconds(ended(last).header.stamp)
+    wait_for(lambda: probe.now() > end_s + 1.0, 15, "1 sim s after the last end")
+    assert max(s.episode_id for s in list(probe.statuses)) == last  # off again
+
+
 def test_stamps_are_sim_time_at_the_real_time_factor(sim) -> None:
     _launcher, probe, simulator, _perception = sim
     frames, stop = probe.collect(
