@@ -207,26 +207,29 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r} (use true or false)")
 
 
-def parse_factor(text: str) -> float:
-    """A real-time factor: a number > 0 (a float parameter, so never passed on as a string)."""
+def _parse_float(name: str, text: str, valid, wanted: str) -> float:
+    """A float launch argument (a float parameter, so never passed on as a string)."""
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"real_time_factor must be a number > 0, got {text!r}")
+    if not valid(value):
+        raise ValueError(f"{name} must be {wanted}, got {text!r}")
     return value
+
+
+def parse_factor(text: str) -> float:
+    """A real-time factor: a number > 0."""
+    return _parse_float(
+        "real_time_factor", text, lambda v: v > 0 and v != float("inf"), "a number > 0"
+    )
 
 
 def parse_delay(text: str) -> float:
-    """`next_episode_after_s`: a finite number >= 0 (a float parameter, never a string)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value < float("inf"):
-        raise ValueError(f"next_episode_after_s must be a number >= 0, got {text!r}")
-    return value
+    """`next_episode_after_s`: a finite number >= 0."""
+    return _parse_float(
+        "next_episode_after_s", text, lambda v: 0 <= v < float("inf"), "a number >= 0"
+    )
 
 
 def parse_remappings(text: str) -> tuple[tuple[str, str], ...]:

@@ -3,8 +3,8 @@
 It is the workcell with the trained model (the one body with a trained brain on these
 machines), one seed's episode after the other, while `python -m oxygen_ros.bringup` and
 launch/humanoid.launch.py keep the humanoid profile as their default; a `profile:=` argument
-given to the script wins. Checked
-through `--print`, which resolves the graph exactly as a bring-up would and starts nothing.
+given to the script wins. Checked through `--print`, which resolves the graph exactly as a
+bring-up would and starts nothing.
 """
 
 from __future__ import annotations

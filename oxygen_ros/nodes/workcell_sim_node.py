@@ -318,11 +318,11 @@ class WorkcellSimNode(Node):
         """`next_episode_after_s` > 0: the episode that ended that long ago is followed by the
         next seed's (simulation thread)."""
         delay = self.params["next_episode_after_s"]
+        if delay <= 0:  # every tick: no lock while it is off
+            return
         with self._lock:
             ended = self._episode
-            if delay <= 0 or ended.phase not in ("succeeded", "failed") or ended.spec is None:
-                return
-            if now - ended.end_s < delay:
+            if ended.end_s < 0 or now - ended.end_s < delay:  # idle or running: end_s < 0
                 return
             episode_id, seed, phase = ended.episode_id, ended.spec.seed + 1, ended.phase
         self.get_logger().info(f"episode {episode_id} {phase}; next: seed {seed}")

@@ -498,22 +498,22 @@ def test_next_episode_after_s_starts_the_next_seed_once_each_episode_ends(sim) -
     """0 (the YAML's): an ended episode is followed by nothing; > 0: by the next seed's,
     that many sim seconds after its end, episode after episode (the bring-up's demo)."""
     _launcher, probe, _simulator, _perception = sim
+
+    def ended(episode_id: int) -> EpisodeStatus | None:
+        return next(
+            (
+                s
+                for s in probe.status_of(episode_id)
+                if s.phase in (EpisodeStatus.PHASE_FAILED, EpisodeStatus.PHASE_SUCCEEDED)
+            ),
+            None,
+        )
+
     probe.set_param("episode_time_limit_s", 0.5)
     try:
         reply = probe.reset(seed=40)
         assert reply.success, reply.message
         first = reply.episode_id
-
-        def ended(episode_id: int) -> EpisodeStatus | None:
-            return next(
-                (
-                    s
-                    for s in probe.status_of(episode_id)
-                    if s.phase in (EpisodeStatus.PHASE_FAILED, EpisodeStatus.PHASE_SUCCEEDED)
-                ),
-                None,
-            )
-
         wait_for(lambda: ended(first), 15, "the first episode to end")
         end_s = time_to_seconds(ended(first).header.stamp)
         wait_for(lambda: probe.now() > end_s + 1.5, 15, "1.5 sim s after the end")
