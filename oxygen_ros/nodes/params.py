@@ -269,7 +269,8 @@ WORKCELL_SIM: tuple[ParamSpec, ...] = (
     ParamSpec(
         "status_rate_hz",
         10.0,
-        "EpisodeStatus rate (sim time; also published on every phase change)",
+        "EpisodeStatus rate (sim time; also published on every phase change and before each "
+        "camera tick's images)",
         "float",
         runtime=True,
         check=positive_rate(100.0),
@@ -491,6 +492,18 @@ PERCEPTION: tuple[ParamSpec, ...] = (
         "than the newest reset, so an image from before a reset never enters it ('' = off)",
         "str",
         check=optional_topic_name,
+    ),
+    ParamSpec(
+        "episode_status_wait_s",
+        0.5,
+        "with cube_state_camera and episode_status_topic: a frame whose cube image is newer "
+        "than the newest status is skipped until a status at or after the image arrives (the "
+        "simulator publishes one before each tick's images, so no image of an episode whose "
+        "reset is not known yet enters the tracker), for at most this long of image time "
+        "(0 = off)",
+        "float",
+        runtime=True,
+        check=float_range(0.0, 10.0),
     ),
     ParamSpec(
         "reset_instruction_timeout_s",

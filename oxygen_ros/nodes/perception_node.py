@@ -57,6 +57,12 @@ Invariants:
   until an instruction arrives, so no frame of the new episode carries the previous task's
   target; after `reset_instruction_timeout_s` without one the frames go on with the current
   target (warned, `cube_state.instruction_timeouts`).
+- No message order holds across topics: images of a new episode may arrive before its reset's
+  status. The simulator publishes a status before each tick's images, so with
+  `episode_status_wait_s` > 0 a frame whose cube image is newer than the newest status handled
+  is skipped (`skipped.cube_image_ahead_of_status`) until a status at or after it arrives, for
+  at most that long of image time (`perception.task_window.StatusGate`): no frame carries a
+  layout of an episode whose reset the node has not heard of.
 """
 
 from __future__ import annotations
@@ -100,7 +106,7 @@ from oxygen_ros.nodes.runtime import (
     run_node,
 )
 from oxygen_ros.nodes.sliding_window import SlidingWindow
-from oxygen_ros.perception.task_window import InstructionWait, TaskWindow
+from oxygen_ros.perception.task_window import InstructionWait, StatusGate, TaskWindow
 
 THROTTLE_S = 5.0  # at most one warning per call site per this many seconds
 RATE_WINDOW_S = 2.0
@@ -150,6 +156,8 @@ class PerceptionNode(Node):
             self._cube_state = workcell_cubes.object_state(p["cube_state"])
         self._window = TaskWindow()  # when the cube state's task began (sim time)
         self._episode_id = 0  # the newest episode the status reported (0: none)
+        # Cube images newer than the newest status wait for it (a reset not heard of yet).
+        self._status_gate = StatusGate(p["episode_status_wait_s"])
         # Frames held from a reset until its episode's instruction (cube_state: target[_m]).
         self._instruction_wait = InstructionWait(p["reset_instruction_timeout_s"])
         self._out_size = get_model_config(p["model_preset"]).image_resolution  # (rows, cols)
@@ -169,6 +177,17 @@ class PerceptionNode(Node):
             ObservationFrame, p["observation_topic"], OBSERVATION_QOS
         )
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        # An executor that finds several subscriptions ready takes them in the order they were
+        # created: the episode status before the sensors (a reset known before the images it
+        # makes old), the instruction after them (an image published before it is received
+        # first, `TaskWindow.received`).
+        if self._cube_camera is not None and p["episode_status_topic"]:
+            self.create_subscription(
+                EpisodeStatus,
+                p["episode_status_topic"],
+                lambda msg: self._guarded(self._on_episode_status, msg),
+                LATCHED_QOS,
+            )
         for camera in self._cameras:
             self.create_subscription(
                 Image,
@@ -183,14 +202,6 @@ class PerceptionNode(Node):
             SENSOR_QOS,
         )
         if self._cube_camera is not None:
-            # The status first: an executor that finds both ready takes them in this order.
-            if p["episode_status_topic"]:
-                self.create_subscription(
-                    EpisodeStatus,
-                    p["episode_status_topic"],
-                    lambda msg: self._guarded(self._on_episode_status, msg),
-                    LATCHED_QOS,
-                )
             self.create_subscription(
                 String,
                 p["task_instruction_topic"],
@@ -347,6 +358,9 @@ class PerceptionNode(Node):
         if self._cube_state is not None and self._cube_image_before_task(frame):
             self.counters["skipped.cube_image_before_task"] += 1  # a task's first moments
             return
+        if self._cube_state is not None and self._cube_image_ahead_of_status(frame):
+            self.counters["skipped.cube_image_ahead_of_status"] += 1  # a status still to come
+            return
         self._last_frame_stamp = frame.stamp
         self._last_skip_reason = ""
         if self._cube_state is not None:
@@ -406,6 +420,7 @@ class PerceptionNode(Node):
     def _on_episode_status(self, msg: EpisodeStatus) -> None:
         """A new episode's first status: its reset starts the cube state's task no later than
         the reset (the tracker afresh, same target, if it began before or saw the old world)."""
+        self._status_gate.on_status(time_to_seconds(msg.header.stamp))
         if msg.phase == EpisodeStatus.PHASE_IDLE or msg.episode_id == self._episode_id:
             return  # before the first episode, or one already handled (latched again)
         self._episode_id = msg.episode_id
@@ -471,6 +486,14 @@ class PerceptionNode(Node):
             frame.image_stamps[index]
         )
 
+    def _cube_image_ahead_of_status(self, frame) -> bool:
+        """Whether the frame's cube-camera image is newer than the newest episode status, which
+        the simulator publishes before each tick's images (`episode_status_wait_s`)."""
+        index = frame.slots.index(self._cube_camera.slot)
+        return frame.payloads[index] is not None and self._status_gate.waits(
+            frame.image_stamps[index]
+        )
+
     def _with_cubes(self, frame):
         """`frame` with the tracked cube positions appended to its state."""
         camera = self._cube_camera
@@ -527,6 +550,8 @@ class PerceptionNode(Node):
             self._fuser.config = self._fusion_config()
         if "diagnostics_period_s" in changed:
             self._diag_timer.timer_period_ns = int(1e9 * self._diag_period())
+        if "episode_status_wait_s" in changed:
+            self._status_gate.wait_s = changed["episode_status_wait_s"]
 
     def frame_rate(self) -> float:
         """Frames per second of node time (simulated seconds under use_sim_time)."""

@@ -7,9 +7,9 @@ One simulation thread owns the Workcell (its renderers' GL contexts are bound to
 made them) and runs the loop, per control tick of `1 / control_rate_hz` simulated seconds:
 command buffer target at sim time t -> actuator targets -> physics step to t' -> `/clock` = t'
 -> the commanded targets (stamp t) on `joint_command_topic` -> JointState (stamp t') at
-`joint_rate_hz` -> at `camera_rate_hz` every camera rendered and published with the stamp of the
-JointState of the same tick -> the task's success test (every tick) -> EpisodeStatus at
-`status_rate_hz` and on every phase change. The loop is paced on absolute
+`joint_rate_hz` -> the task's success test (every tick) -> EpisodeStatus at `status_rate_hz`,
+on every phase change and on every camera tick -> at `camera_rate_hz` every camera rendered and
+published with the stamp of the JointState of the same tick. The loop is paced on absolute
 wall-clock deadlines scaled by `real_time_factor` (`workcell_timing.Pacer`).
 
 Invariants:
@@ -17,7 +17,9 @@ Invariants:
   node itself runs on wall time (never `use_sim_time`): its diagnostics timer and pacing must
   not depend on the clock it publishes.
 - An image and the JointState of its tick carry the same stamp: a camera tick always publishes a
-  JointState.
+  JointState, and before its images an EpisodeStatus of the same stamp (no message order holds
+  across topics, so a subscriber learns that it has heard of every reset up to an image only
+  from a status at or after the image's stamp).
 - Commands are mapped to joints by name; a command's rows run at their stamps and at most
   `chunk_max_age_s` after its first row, then the joints hold (the command buffer's rules).
 - Bad commands are counted per reason (`rejected.<reason>`) with a throttled warning; an
@@ -242,15 +244,17 @@ class WorkcellSimNode(Node):
                         wc.joint_velocities(),
                     )
                 )
+            changed = False
+            if self._episode.phase != "idle":
+                changed = self._episode.update(t1, tasks.evaluate(wc, self._episode.spec))
+            # A status before each tick's images: a node that has one at or after an image's
+            # stamp knows every reset up to that image (perception's episode_status_wait_s).
+            if self._status_every.due(t1) or changed or cameras_due:
+                self._publish_status(t1)
             if cameras_due:
                 stamp = seconds_to_time(t1)
                 for camera, pub in self._image_pubs.items():
                     pub.publish(rgb_image_msg(self._rig.render(camera), stamp, camera))
-            changed = False
-            if self._episode.phase != "idle":
-                changed = self._episode.update(t1, tasks.evaluate(wc, self._episode.spec))
-            if self._status_every.due(t1) or changed:
-                self._publish_status(t1)
         return t1
 
     def _unstable(self, t0: float) -> None:

@@ -33,6 +33,15 @@ Invariants:
 - The clock may go back (a new simulator starts at 0): a start, reset or received image more
   than `MAX_LAG_S` ahead of a newer instruction or reset is dropped rather than blocking every
   image from then on.
+
+A reset the node has not heard of yet cannot restart anything: DDS orders no messages across
+topics, and under load images of the new episode reached perception before the reset's status
+(and before its instruction), so the previous task's tracker was fed the new layout and a frame
+after the reset carried it (a clean-clone CI run of test_observation_parity, 2026-12-04). The
+simulator publishes a status before each tick's images, so a node that has handled a status at
+or after an image's stamp has heard of every reset up to that image. `StatusGate` keeps images
+newer than the newest status handled out of the tracker until one arrives, for at most
+`wait_s` of image time (a status stream that is not periodic, or stopped, then lets them in).
 """
 
 from __future__ import annotations
@@ -93,6 +102,32 @@ class TaskWindow:
     def fed(self, image_stamp: float) -> None:
         """The tracker was fed an image stamped `image_stamp`."""
         self._fed_from = min(self._fed_from, image_stamp)
+
+
+class StatusGate:
+    """Whether an image may be fed to the tracker: the episode status stream has caught up with
+    it (or `wait_s` of image time passed without a status since).
+
+    Invariants:
+    - Off (`wait_s` 0) or before the first status: every image passes.
+    - An image stamped at or before the newest status handled passes; a newer one waits while
+      it is at most `wait_s` ahead of that status, and passes once it is further ahead.
+    - The clock may go back (a new simulator): a status more than `MAX_LAG_S` behind the newest
+      one replaces it.
+    """
+
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s = wait_s
+        self.status_s = -math.inf  # the newest status stamp handled
+
+    def on_status(self, stamp_s: float) -> None:
+        if stamp_s > self.status_s or _went_back(self.status_s, stamp_s):
+            self.status_s = stamp_s
+
+    def waits(self, image_stamp: float) -> bool:
+        """Whether the image stamped `image_stamp` must wait for a newer status."""
+        ahead = image_stamp - self.status_s
+        return self.wait_s > 0 and STAMP_TOLERANCE_S < ahead <= self.wait_s
 
 
 class InstructionWait:

@@ -55,6 +55,10 @@ class WorkcellSensors:
         self.images: dict[str, tuple[int, bytes]] = {}
         self.joints = robot.HOME.copy()
         self.top_enabled = True
+        # With `publish_statuses`: the episode's status, before each tick's images as the
+        # simulator sends it ((episode id, reset s, instruction); None: none published).
+        self.status_pub = None
+        self.episode: tuple[int, float, str] | None = None
         self._lock = threading.Lock()  # a tick stamps and publishes under it
         self._paused = False
         self.timer = node.create_timer(0.1, self.tick)
@@ -81,8 +85,29 @@ class WorkcellSensors:
             if not self._paused:
                 self._publish()
 
+    def publish_statuses(self, topic: str) -> None:
+        """Publishes `episode`'s status at each tick, before the images (latched)."""
+        from oxygen_ros.msg import EpisodeStatus
+        from oxygen_ros.nodes.runtime import LATCHED_QOS
+
+        self.status_pub = self.node.create_publisher(EpisodeStatus, topic, LATCHED_QOS)
+
+    def publish_status(self, stamp) -> None:
+        """`episode`'s status stamped `stamp` (a builtin Time), if there is one."""
+        from oxygen_ros.msg import EpisodeStatus
+        from oxygen_ros.nodes.conversions import time_to_seconds
+
+        if self.status_pub is None or self.episode is None:
+            return
+        episode_id, reset_s, text = self.episode
+        msg = EpisodeStatus(episode_id=episode_id, phase=EpisodeStatus.PHASE_RUNNING)
+        msg.header.stamp = stamp
+        msg.instruction, msg.elapsed_s = text, time_to_seconds(stamp) - reset_s
+        self.status_pub.publish(msg)
+
     def _publish(self) -> None:
         stamp = self.node.get_clock().now().to_msg()
+        self.publish_status(stamp)
         for camera, (step, data) in dict(self.images).items():
             if camera == "top" and not self.top_enabled:
                 continue
@@ -96,6 +121,8 @@ class WorkcellSensors:
     def close(self) -> None:
         self.timer.cancel()
         self.node.destroy_timer(self.timer)
+        if self.status_pub is not None:
+            self.node.destroy_publisher(self.status_pub)
 
 
 def start_perception(launcher, override: Path):
@@ -383,6 +410,18 @@ def test_the_target_state_follows_the_instructed_cube(launcher, ros_node, tmp_pa
         cell.close()
 
 
+def status_override(tmp_path: Path, cube_state: str, extra: str) -> Path:
+    """An override file for the target states with the instruction and the episode status on
+    the test's topics, plus the perception parameter line `extra`."""
+    override = tmp_path / "override.yaml"
+    override.write_text(
+        OVERRIDES
+        + f"    cube_state: {cube_state}\n    task_instruction_topic: c_instruction\n"
+        + f"    episode_status_topic: c_status\n    {extra}\n"
+    )
+    return override
+
+
 def test_a_reset_holds_frames_until_its_instruction_arrives(launcher, ros_node, tmp_path) -> None:
     """The simulator's episode status reaches perception before the episode's instruction
     (which comes through the inference node): no frame between them carries the previous
@@ -398,12 +437,7 @@ def test_a_reset_holds_frames_until_its_instruction_arrives(launcher, ros_node, 
     from oxygen_ros.nodes.runtime import LATCHED_QOS
 
     timeout_s = 2.0
-    override = tmp_path / "override.yaml"
-    override.write_text(
-        OVERRIDES
-        + "    cube_state: target_m\n    task_instruction_topic: c_instruction\n"
-        + f"    episode_status_topic: c_status\n    reset_instruction_timeout_s: {timeout_s}\n"
-    )
+    override = status_override(tmp_path, "target_m", f"reset_instruction_timeout_s: {timeout_s}")
     node = ros_node.node
     cell = Workcell(WorkcellConfig())
     sensors = WorkcellSensors(ros_node)
@@ -482,5 +516,94 @@ def test_a_reset_holds_frames_until_its_instruction_arrives(launcher, ros_node, 
     finally:
         ros_node.node.destroy_publisher(instruction)
         ros_node.node.destroy_publisher(status)
+        sensors.close()
+        cell.close()
+
+
+@pytest.mark.parametrize("wait_s", [10.0, 0.0], ids=["gate", "control_without_gate"])
+def test_images_of_a_reset_not_heard_of_wait_for_its_status(
+    launcher, ros_node, tmp_path, wait_s: float
+) -> None:
+    """No message order holds across topics: under load the images of a new episode reached
+    perception before its reset's status (a clean-clone CI run of test_observation_parity,
+    2026-12-04: the previous task's tracker fed the new layout). The sensors here publish a
+    status before each tick's images, as the simulator does; then a new layout's images flow
+    while the statuses are held back, as a delayed status stream. With
+    `episode_status_wait_s` no frame stamped after the reset carries the old tracker (the
+    cube read as moved); the frames wait (counted) and go on unmoved once the reset's status
+    comes. The control, the gate off, publishes such frames: the check sees them."""
+    from std_msgs.msg import String
+
+    from oxygen_ros.nodes.conversions import time_to_seconds
+    from oxygen_ros.nodes.runtime import LATCHED_QOS
+
+    override = status_override(tmp_path, "target", f"episode_status_wait_s: {wait_s}")
+    node = ros_node.node
+    cell = Workcell(WorkcellConfig())
+    sensors = WorkcellSensors(ros_node)
+    sensors.publish_statuses("c_status")
+    instruction = node.create_publisher(String, "c_instruction", LATCHED_QOS)
+    text = "pick up the red cube"
+    first, second = tasks.sample_episode(4), tasks.sample_episode(9)
+    name = "red_cube"
+    xy_first, xy_second = (np.array(spec.objects[name][:2]) for spec in (first, second))
+    assert np.linalg.norm(xy_second - xy_first) > 0.02
+    try:
+        sensors.episode = (1, time_to_seconds(node.get_clock().now().to_msg()), text)
+        sensors.show(cell, first.objects)
+        frames, diags, proc = first_frames(launcher, ros_node, override)
+        instruction.publish(String(data=text))
+
+        def at(frame: ObservationFrame, xy) -> bool:
+            return np.allclose(cubes_of(frame)[:2], xy, atol=TOLERANCE_M)
+
+        def moved(frame: ObservationFrame) -> np.ndarray:
+            return cubes_of(frame)[5:7]
+
+        wait_for(lambda: at(frames[-1], xy_first), 10, "the red cube at its first place")
+        # The reset: the new layout's images flow, its status held back until perception has
+        # received at least five of them (eight counted: the diagnostics lag by a period).
+        waited = counter(diags, "skipped.cube_image_ahead_of_status")
+        sensors.pause()
+        received = counter(diags, "images.top")
+        reset_s = time_to_seconds(node.get_clock().now().to_msg())
+        held_episode, sensors.episode = (2, reset_s, text), None
+        sensors.show(cell, second.objects)
+        sensors.resume()
+        wait_for(
+            lambda: counter(diags, "images.top") >= received + 8,
+            8,  # less than the gate's wait: the images must not outlast it
+            "five images of the new layout received without a status",
+        )
+        sensors.pause()
+        sensors.episode = held_episode
+        sensors.publish_status(node.get_clock().now().to_msg())
+        sensors.resume()
+
+        def after_reset() -> list[ObservationFrame]:
+            return [f for f in list(frames) if time_to_seconds(f.header.stamp) > reset_s]
+
+        def settled() -> bool:
+            late = after_reset()
+            unmoved = bool(late) and np.allclose(moved(late[-1]), 0.0, atol=1e-6)
+            return unmoved and at(late[-1], xy_second)
+
+        wait_for(settled, 10, lambda: f"the new layout unmoved, {[moved(f) for f in frames[-3:]]}")
+        old_tracker = [f for f in after_reset() if not np.allclose(moved(f), 0.0, atol=1e-6)]
+        if wait_s > 0:
+            assert not old_tracker, [moved(f) for f in old_tracker]
+            wait_for(
+                lambda: counter(diags, "skipped.cube_image_ahead_of_status") > waited,
+                10,
+                "frames counted as waiting for a status",
+            )
+        else:  # the check sees the old tracker's frames when nothing waits
+            shift = xy_second - xy_first
+            assert any(np.allclose(moved(f), shift, atol=TOLERANCE_M) for f in old_tracker), [
+                moved(f) for f in old_tracker
+            ]
+        assert proc.alive(), proc.log()
+    finally:
+        node.destroy_publisher(instruction)
         sensors.close()
         cell.close()

@@ -3,7 +3,7 @@ simulator resets, whatever order they reach the node in and however far its cloc
 
 from __future__ import annotations
 
-from oxygen_ros.perception.task_window import MAX_LAG_S, InstructionWait, TaskWindow
+from oxygen_ros.perception.task_window import MAX_LAG_S, InstructionWait, StatusGate, TaskWindow
 
 DT = 0.01  # the simulator's control tick
 RESET = 12.34  # the reset's sim time = the stamp of the last tick (and images) before it
@@ -140,3 +140,39 @@ def test_a_hold_ends_at_the_timeout_once_or_when_the_clock_goes_back() -> None:
     assert wait.holds(RESET + 1.1) == (False, False)
     wait.on_reset("blue_cube", "red_cube", RESET)
     assert wait.holds(0.5) == (False, False)  # a new simulator started at 0
+
+
+def test_an_image_newer_than_the_newest_status_waits_for_one() -> None:
+    """The simulator publishes a status before each tick's images; an image that arrived
+    before its tick's status (no order across topics: the CI flake of 2026-12-04, a frame
+    after a reset with the old task's tracker fed the new layout) waits until a status at or
+    after its stamp is handled."""
+    gate = StatusGate(wait_s=0.5)
+    assert not gate.waits(RESET)  # before the first status: a robot without a simulator
+    gate.on_status(RESET)
+    assert not gate.waits(RESET) and not gate.waits(RESET - DT)
+    assert gate.waits(RESET + DT)  # its tick's status (and maybe a reset) still to come
+    gate.on_status(RESET + DT)
+    assert not gate.waits(RESET + DT)
+    assert gate.waits(RESET + 2 * DT)
+    # A status stream that stopped (or is not periodic) holds images at most wait_s.
+    assert gate.waits(RESET + DT + 0.5)
+    assert not gate.waits(RESET + DT + 0.5 + DT)
+    # An older status (reordered) does not move it back.
+    gate.on_status(RESET)
+    assert not gate.waits(RESET + DT)
+    # The positive control of "passes": the same images with the gate off.
+    off = StatusGate(wait_s=0.0)
+    off.on_status(RESET)
+    assert not off.waits(RESET + DT)
+
+
+def test_a_status_of_a_clock_that_went_back_replaces_the_newest() -> None:
+    gate = StatusGate(wait_s=0.5)
+    gate.on_status(RESET)
+    gate.on_status(0.1)  # a new simulator, its clock from 0
+    assert gate.waits(0.1 + DT)
+    assert not gate.waits(0.1)
+    # Within MAX_LAG_S an older status is a reordered one, not a new clock: kept out.
+    gate.on_status(0.1 - MAX_LAG_S / 2)
+    assert gate.status_s == 0.1
