@@ -355,10 +355,11 @@ class PerceptionNode(Node):
         if self._cube_state is not None and self._awaiting_instruction(now):
             self.counters["skipped.awaiting_instruction"] += 1  # a reset's first moments
             return
-        if self._cube_state is not None and self._cube_image_before_task(frame):
+        cube_stamp = None if self._cube_state is None else self._cube_image_stamp(frame)
+        if cube_stamp is not None and self._window.before_task(cube_stamp):
             self.counters["skipped.cube_image_before_task"] += 1  # a task's first moments
             return
-        if self._cube_state is not None and self._cube_image_ahead_of_status(frame):
+        if cube_stamp is not None and self._status_gate.waits(cube_stamp):
             self.counters["skipped.cube_image_ahead_of_status"] += 1  # a status still to come
             return
         self._last_frame_stamp = frame.stamp
@@ -418,8 +419,9 @@ class PerceptionNode(Node):
         self.get_logger().info(message)
 
     def _on_episode_status(self, msg: EpisodeStatus) -> None:
-        """A new episode's first status: its reset starts the cube state's task no later than
-        the reset (the tracker afresh, same target, if it began before or saw the old world)."""
+        """Every status moves the status gate on; a new episode's first status also starts the
+        cube state's task no later than its reset (the tracker afresh, same target, if it began
+        before or saw the old world)."""
         self._status_gate.on_status(time_to_seconds(msg.header.stamp))
         if msg.phase == EpisodeStatus.PHASE_IDLE or msg.episode_id == self._episode_id:
             return  # before the first episode, or one already handled (latched again)
@@ -479,20 +481,13 @@ class PerceptionNode(Node):
 
         return workcell_cubes.object_state(self.params["cube_state"], target)
 
-    def _cube_image_before_task(self, frame) -> bool:
-        """Whether the frame's cube-camera image was taken before the current task began."""
+    def _cube_image_stamp(self, frame) -> float | None:
+        """The stamp of the frame's cube-camera image (None: the frame has none). An image taken
+        before the current task began, or newer than the newest episode status (which the
+        simulator publishes before each tick's images, `episode_status_wait_s`), builds no
+        frame."""
         index = frame.slots.index(self._cube_camera.slot)
-        return frame.payloads[index] is not None and self._window.before_task(
-            frame.image_stamps[index]
-        )
-
-    def _cube_image_ahead_of_status(self, frame) -> bool:
-        """Whether the frame's cube-camera image is newer than the newest episode status, which
-        the simulator publishes before each tick's images (`episode_status_wait_s`)."""
-        index = frame.slots.index(self._cube_camera.slot)
-        return frame.payloads[index] is not None and self._status_gate.waits(
-            frame.image_stamps[index]
-        )
+        return None if frame.payloads[index] is None else frame.image_stamps[index]
 
     def _with_cubes(self, frame):
         """`frame` with the tracked cube positions appended to its state."""
