@@ -1,15 +1,21 @@
-"""benchmarks/gpu_bench.py: the not-run path on a machine without an accelerator, and the same
-code path on the CPU with the tiny preset (`--force-cpu-smoke`). Its full-vocabulary tokenizer
+"""benchmarks/gpu_bench.py: the not-run path on a machine without an accelerator, the same code
+path on the CPU with the tiny preset (`--force-cpu-smoke`, one run shared by its tests), its
+budget (the trimming rules, and a budget that runs out), `--plot-from`, and the openpi
+equality's negative control (benchmarks/openpi_equality.py). Its full-vocabulary tokenizer
 (benchmarks/full_vocab.py) is tested in test_benchmark_tools.py."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import platform
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from benchmark_module import load_benchmark
@@ -18,8 +24,20 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_bench.py"
 NOT_RUN_LINE = "no accelerator (jax backend: cpu): benchmarks/gpu not run"
 LAST_LINE = re.compile(
-    r"^gpu_bench device=\S+ action_hz=[0-9.]+ tokens_per_s=[0-9]+ "
-    r"speedup_vs_isolated=[0-9.]+ chunk_every_143ms=(yes|no)$"
+    r"^gpu_bench device=\S+ action_hz=(?P<hz>[0-9.]+|nan) tokens_per_s=([0-9]+|nan) "
+    r"speedup_vs_isolated=([0-9.]+|nan) chunk_every_143ms=(yes|no) "
+    r"openpi_equal=(?P<equal>yes|no|skipped) complete=(?P<complete>yes|no)$"
+)
+STAGES = (
+    "imports",
+    "imports_engine",
+    "peaks",
+    "model",
+    "equality",
+    "components",
+    "engines",
+    "warmup_frames",
+    "measured",
 )
 
 
@@ -40,6 +58,15 @@ def _run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """One `--force-cpu-smoke` run (with a budget it keeps easily) for every test below."""
+    out = tmp_path_factory.mktemp("gpu_smoke") / "smoke.json"
+    proc = _run("--force-cpu-smoke", "--budget-s", "600", "--out", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, out
+
+
 def test_without_an_accelerator_it_says_so_and_exits_0(tmp_path: Path) -> None:
     out = tmp_path / "gpu.json"
     proc = _run("--out", str(out), timeout=120)
@@ -52,18 +79,20 @@ def test_without_an_accelerator_it_says_so_and_exits_0(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_cpu_smoke_runs_the_comparison_and_ends_with_the_summary_line(tmp_path: Path) -> None:
-    out = tmp_path / "smoke.json"
-    proc = _run("--force-cpu-smoke", "--out", str(out), timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_cpu_smoke_runs_the_comparison_and_ends_with_the_summary_line(smoke) -> None:
+    proc, out = smoke
     last = proc.stdout.strip().splitlines()[-1]
-    assert LAST_LINE.match(last), last
+    assert (match := LAST_LINE.match(last)), last
+    assert match["hz"] != "nan" and match["equal"] == "yes" and match["complete"] == "yes"
     assert "device=cpu " in last
     document = json.loads(out.read_text())
     assert document["ran"] is True and document["smoke"] is True
+    assert document["complete"] is True and document["incomplete_reason"] is None
+    assert document["trimmed"] == []  # 600 s is plenty
     assert document["device"] == "cpu"
     assert document["model"]["preset"] == "tiny"
     assert document["setting"]["denoise_steps"] == 10 and document["setting"]["k"] == 5
+    assert document["setting"]["frames"] == document["setting"]["frames_requested"] == 2
     methods = [r["method"] for r in document["results"]]
     assert methods == ["isolated", "shared_kv", "cb_k5", "deadline", "deadline_143ms"]
     for result in document["results"]:
@@ -77,5 +106,168 @@ def test_cpu_smoke_runs_the_comparison_and_ends_with_the_summary_line(tmp_path: 
     seventy = document["seventy_hz"]
     assert seventy["period_ms"] == pytest.approx(1e3 * 10 / 70)
     assert seventy["chunk_every_143ms"] == (seventy["chunk_interval_ms_p99"] <= 1e3 * 10 / 70)
-    assert last.endswith(f"chunk_every_143ms={'yes' if seventy['chunk_every_143ms'] else 'no'}")
+    assert last.startswith("gpu_bench device=cpu ")
+    assert f"chunk_every_143ms={'yes' if seventy['chunk_every_143ms'] else 'no'} " in last
     assert out.with_suffix(".png").is_file()
+
+
+@pytest.mark.slow
+def test_cpu_smoke_compares_the_timed_model_with_openpi(smoke) -> None:
+    proc, out = smoke
+    document = json.loads(out.read_text())
+    equality = document["openpi_equality"]
+    assert document["openpi_equal"] is True and equality["openpi_equal"] is True
+    assert equality["tolerance"] == 1e-5 and "float32" in equality["tolerance_rule"]
+    assert equality["max_abs_diff"] <= 1e-5
+    assert len(equality["max_abs_diff_per_observation"]) == equality["observations"] == 2
+    # Another observation moves the chunk far beyond the tolerance: equality is meaningful.
+    assert equality["observation_dependence"] > 0.05
+    assert equality["meaningful"] is True and equality["dependence_over_tolerance"] > 1e3
+    # The timed model is the compared one: its zero leaves perturbed, the tiny preset's tower.
+    assert document["model"]["perturbed_zero_leaves"] > 0
+    assert equality["vision_variant"] == document["model"]["vision_variant"] == "mu/14"
+    assert "mu/14 tower" in equality["openpi_model"]
+    assert "openpi equality (float32): equal" in proc.stdout
+
+
+@pytest.mark.slow
+def test_cpu_smoke_names_its_versions_and_stage_times(smoke) -> None:
+    _, out = smoke
+    document = json.loads(out.read_text())
+    assert document["jax"] == importlib.metadata.version("jax")
+    assert document["jaxlib"] == importlib.metadata.version("jaxlib")
+    assert document["python"] == platform.python_version()
+    assert document["device_platform"] == "cpu"
+    stages = document["stages"]
+    assert list(stages) == [*STAGES, "total"]
+    for name in STAGES:
+        assert stages[name]["wall_s"] > 0, name
+        assert "interrupted" not in stages[name], name
+    # Stages do not overlap and run within the process's own time.
+    assert sum(stages[name]["wall_s"] for name in STAGES) <= stages["total"]["wall_s"] + 1e-3
+    assert stages["total"]["wall_s"] <= document["wall_s"] + 1e-3
+    for name in ("model", "equality", "components"):  # compiled (or loaded from the cache)
+        assert stages[name]["xla_compiles"] > 0, name
+    for name in ("warmup_frames", "measured"):  # engines warmed up: no compilation
+        assert stages[name]["xla_compiles"] == 0, name
+    total = stages["total"]
+    assert total["xla_compiles"] == sum(stages[name]["xla_compiles"] for name in STAGES)
+    assert total["backend_compile_s"] > 0 and total["trace_s"] > 0
+
+
+@pytest.mark.slow
+def test_plot_from_draws_the_png_of_a_json(smoke, tmp_path: Path) -> None:
+    _, out = smoke
+    copy = tmp_path / "copied.json"
+    shutil.copyfile(out, copy)
+    proc = _run("--plot-from", str(copy), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert copy.with_suffix(".png").stat().st_size > 1000
+    assert proc.stdout.strip().splitlines()[-1] == f"plot: {copy.with_suffix('.png')}"
+
+
+@pytest.mark.slow
+def test_a_budget_that_runs_out_still_writes_the_json_in_time(tmp_path: Path) -> None:
+    """10 s cannot hold the smoke (about 30 s here): the watchdog writes what ran."""
+    out = tmp_path / "short.json"
+    proc = _run("--force-cpu-smoke", "--budget-s", "10", "--out", str(out), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert (match := LAST_LINE.match(last)), last
+    assert match["complete"] == "no" and match["hz"] == "nan"
+    document = json.loads(out.read_text())
+    assert document["complete"] is False and "budget" in document["incomplete_reason"]
+    assert document["wall_s"] <= 10.0
+    assert document["results"] == [] and document["headline"] is None
+    stages = document["stages"]
+    assert stages["imports"]["wall_s"] > 0
+    assert [s for s in stages.values() if s.get("interrupted")]  # it stopped mid-stage
+    assert isinstance(document["trimmed"], list)
+    assert "INCOMPLETE: the budget (10.0 s) ran out" in proc.stdout
+
+
+def test_frames_are_trimmed_before_the_deadline_143ms_run(gpu_bench) -> None:
+    costs = {"isolated": (0.0, 1.0), "cb_k5": (2.0, 1.0), "deadline_143ms": (0.0, 2.0)}
+    safety = gpu_bench.SAFETY
+    # Plenty of time: everything requested.
+    assert gpu_bench.choose_frames(1e6, costs, 100, 20) == (100, True)
+    assert gpu_bench.choose_frames(float("inf"), costs, 100, 20) == (100, True)
+    # Time for 30 frames of all three: fewer frames, the deadline_143ms run kept.
+    assert gpu_bench.choose_frames(safety * (2 + 30 * 4) + 1e-6, costs, 100, 20) == (30, True)
+    # 15 frames with it, 30 without: it goes, and the frames the others fit are run.
+    assert gpu_bench.choose_frames(safety * (2 + 30 * 2) + 1e-6, costs, 100, 20) == (30, False)
+    # Not even the minimum without it: what fits (the caller marks the run incomplete).
+    assert gpu_bench.choose_frames(safety * (2 + 5 * 2) + 1e-6, costs, 100, 20) == (5, False)
+    assert gpu_bench.choose_frames(1.0, costs, 100, 20) == (0, False)
+
+
+def _runner(wall_s: list[float], tokens: list[int]) -> SimpleNamespace:
+    frames = [
+        SimpleNamespace(phase="warmup", wall_s=w, num_tokens=t)
+        for w, t in zip(wall_s, tokens, strict=True)
+    ]
+    frames.append(SimpleNamespace(phase="measured", wall_s=100.0, num_tokens=0))
+    return SimpleNamespace(frames=frames)
+
+
+def test_method_costs_come_from_the_warmup_frames(gpu_bench) -> None:
+    runners = [
+        _runner([9.0, 1.0, 3.0], [30, 30, 30]),  # first frame dropped: mean 2 s
+        _runner([9.0, 1.0, 1.0], [5, 30, 30]),  # serves M per frame: drains M / 30 = 1 frame
+        _runner([9.0, 2.0, 2.0], [1, 10, 10]),  # serves 10 of 30: 2 drain frames per frame
+    ]
+    costs = gpu_bench.method_costs(runners, ["isolated", "cb_k5", "deadline_143ms"], 30, 3)
+    assert costs["isolated"] == pytest.approx((0.0, 2.0))
+    assert costs["cb_k5"] == pytest.approx((1.0, 1.0))
+    # 3 frames to drain one request's 30 tokens, plus 2 per warm-up frame's backlog.
+    assert costs["deadline_143ms"] == pytest.approx(((3 + 2 * 3) * 2.0, 3 * 2.0))
+
+
+def test_rest_estimate_scales_with_compile_and_frame_time(gpu_bench) -> None:
+    fast = {"ours_first_s": 1.0, "ours_second_s": 0.01}
+    slow_compile = {"ours_first_s": 11.0, "ours_second_s": 0.01}
+    slow_frames = {"ours_first_s": 1.09, "ours_second_s": 0.1}
+    base = gpu_bench.rest_estimate(fast, 30, 3)
+    assert gpu_bench.rest_estimate(slow_compile, 30, 3) == pytest.approx(
+        base + gpu_bench.SAFETY * gpu_bench.COMPILE_FACTOR * 10.0
+    )
+    assert gpu_bench.rest_estimate(slow_frames, 30, 3) > 4 * base
+    assert gpu_bench.rest_estimate(fast, 60, 3) > base
+    assert gpu_bench.rest_estimate(fast, 30, 10) > base
+
+
+def test_last_line_of_a_run_that_stopped_early(gpu_bench) -> None:
+    document = {"device": "NVIDIA H100 80GB HBM3", "openpi_equal": False, "complete": False}
+    line = gpu_bench.last_line({**document, "headline": None, "seventy_hz": None})
+    assert LAST_LINE.match(line), line
+    assert line == (
+        "gpu_bench device=NVIDIA_H100_80GB_HBM3 action_hz=nan tokens_per_s=nan "
+        "speedup_vs_isolated=nan chunk_every_143ms=no openpi_equal=no complete=no"
+    )
+
+
+def test_without_matplotlib_there_is_no_png_and_a_line_says_so(
+    gpu_bench, monkeypatch, tmp_path: Path, capsys
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    png = tmp_path / "r.png"
+    assert gpu_bench.plot({"device": "cpu", "results": []}, png) is False
+    assert not png.exists()
+    assert "matplotlib not importable: no r.png" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`flax.nnx.State` will be deprecated:DeprecationWarning")
+def test_the_equality_fails_when_openpi_holds_other_parameters() -> None:
+    """Negative control: openpi's Pi0 with other perturbed leaves than the engine's model."""
+    equality = load_benchmark("openpi_equality")
+    from oxygen_ros.engine.config import get_model_config
+    from oxygen_ros.engine.model import create_model
+
+    model = create_model(get_model_config("tiny"), seed=0)
+    ours, replaced = equality.perturb_zero_params(model, seed=1)
+    other, _ = equality.perturb_zero_params(model, seed=2)
+    assert replaced > 0
+    record = equality.compare(other, equality.equality_engine(ours))
+    assert record["openpi_equal"] is False
+    assert record["max_abs_diff"] > 100 * record["tolerance"]

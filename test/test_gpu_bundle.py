@@ -1,0 +1,218 @@
+"""scripts/gpu_bundle: the offline bundle for a GPU host, built here and installed with no index
+into a fresh venv that holds only what the bundle expects a host to have (HOST_PROVIDES: JAX,
+PyTorch, transformers and their own dependencies, at the lock's versions), from which the
+benchmark's CPU smoke path runs. Nothing from the project's venv or source tree is reachable
+from there, so a module the bundle lacks fails the run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAST_LINE = re.compile(
+    r"^gpu_bench device=cpu action_hz=[0-9.]+ tokens_per_s=[0-9]+ "
+    r"speedup_vs_isolated=[0-9.]+ chunk_every_143ms=(yes|no) openpi_equal=yes complete=yes$"
+)
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_bundle = _load("gpu_bundle")
+host_run = _load("gpu_host_run")
+
+
+def _base_python() -> str:
+    """The interpreter the project's venv was made from (a venv made from a venv's python
+    would still see nothing of it, but this keeps the fake host independent of it)."""
+    return getattr(sys, "_base_executable", sys.executable)
+
+
+def _venv(path: Path) -> Path:
+    subprocess.run([_base_python(), "-m", "venv", str(path)], check=True, timeout=120)
+    return path / "bin" / "python"
+
+
+def _bare_env(**extra: str) -> dict[str, str]:
+    """No PYTHONPATH, venv, ROS or pip configuration of this machine's."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "PIP_CONFIG_FILE": os.devnull,
+        "JAX_PLATFORMS": "cpu",
+        "LANG": "C.UTF-8",
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bundle") / "gpu_bundle"
+    proc = subprocess.run(
+        [str(ROOT / "scripts" / "gpu_bundle"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def host_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with exactly HOST_PROVIDES at the lock's versions (pip's usual sources:
+    torch==2.13.0 is the CPU wheel on these machines' disk)."""
+    python = _venv(tmp_path_factory.mktemp("host") / "venv")
+    pins = gpu_bundle.read_lock()
+    reqs = [f"{name}=={pins[gpu_bundle.canonical(name)]}" for name in gpu_bundle.HOST_PROVIDES]
+    proc = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", *reqs],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return python
+
+
+@pytest.mark.slow
+def test_bundle_carries_both_pythons_under_64_mib(bundle: Path) -> None:
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    files = [f for f in bundle.rglob("*") if f.is_file()]
+    total = sum(f.stat().st_size for f in files)
+    assert manifest["total_bytes"] == total
+    assert total <= 64 * 2**20, total
+    assert manifest["pythons"] == ["3.11", "3.12"]
+    assert manifest["archive_sha256"] == gpu_bundle.sha256(bundle / manifest["archive"])
+    pins = gpu_bundle.read_lock()
+    expected = {gpu_bundle.canonical(n) for n in gpu_bundle.BUNDLED} | {"oxygen-ros-engine"}
+    for python in ("3.11", "3.12"):
+        carried = [w for w in manifest["wheels"] if python in w["pythons"]]
+        assert sorted(w["name"] for w in carried) == sorted(expected)  # one wheel each
+        for wheel in carried:
+            if wheel["name"] != "oxygen-ros-engine":
+                assert wheel["version"] == pins[wheel["name"]], wheel  # the tested versions
+    policies = {w["name"]: w["policy"] for w in manifest["wheels"]}
+    assert policies["jaxtyping"] == policies["rpent-openpi"] == "always"
+    assert policies["flax"] == "if-missing"
+    assert sorted(p.name for p in (bundle / "benchmarks").iterdir()) == sorted(
+        gpu_bundle.BENCHMARK_FILES
+    )
+    assert set(manifest["host_provides"]) == set(gpu_bundle.HOST_PROVIDES)
+
+
+@pytest.mark.slow
+def test_installed_with_no_index_on_a_bare_host_the_smoke_benchmark_runs(
+    bundle: Path, host_python: Path, tmp_path: Path
+) -> None:
+    # Control: the fake host has JAX, PyTorch and transformers and none of what the bundle
+    # brings, so a module the bundle lacked would fail the run below.
+    probe = "import importlib.util as u; print([m for m in {mods!r} if u.find_spec(m)])"
+    have = ["jax", "torch", "transformers", "flax", "openpi", "oxygen_ros", "einops", "PIL"]
+    found = subprocess.run(
+        [str(host_python), "-P", "-c", probe.format(mods=have)],
+        capture_output=True,
+        text=True,
+        env=_bare_env(),
+        cwd=tmp_path,
+        check=True,
+    ).stdout
+    assert found.strip() == "['jax', 'torch', 'transformers']"
+
+    scratch = tmp_path / "scratch"
+    out = tmp_path / "smoke.json"
+    proc = subprocess.run(
+        ["bash", str(bundle / "run"), "--force-cpu-smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env=_bare_env(PYTHON=str(host_python), OXYGEN_SCRATCH=str(scratch)),
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    lines = proc.stdout.strip().splitlines()
+    assert LAST_LINE.match(lines[-1]), lines[-1]
+    origins = {
+        m.group(1): m.group(2) for m in re.finditer(r"^  (\S+) \S+ (\S+)$", proc.stdout, re.M)
+    }
+    host_site = str(host_python.parents[1])
+    for name in ("jax", "jaxlib", "torch", "transformers"):
+        assert origins[name].startswith(host_site), (name, origins[name])
+    for name in ("flax", "orbax.checkpoint", "jaxtyping", "openpi", "oxygen_ros.engine"):
+        assert origins[name].startswith(str(scratch / "site")), (name, origins[name])
+    assert not any(str(ROOT) in path for path in origins.values())
+    document = json.loads(out.read_text())
+    assert document["ran"] is True and document["smoke"] is True
+    assert document["openpi_equal"] is True and document["complete"] is True
+    assert [r["method"] for r in document["results"]][:3] == ["isolated", "shared_kv", "cb_k5"]
+
+
+@pytest.mark.slow
+def test_a_host_without_jax_is_refused_with_the_reason(bundle: Path, tmp_path: Path) -> None:
+    python = _venv(tmp_path / "empty")
+    proc = subprocess.run(
+        ["bash", str(bundle / "run"), "--force-cpu-smoke"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=_bare_env(PYTHON=str(python), OXYGEN_SCRATCH=str(tmp_path / "scratch")),
+    )
+    assert proc.returncode == 2
+    reason = "gpu bundle: the host lacks what the bundle expects it to have: "
+    assert proc.stderr.startswith(reason), proc.stderr
+    absent = proc.stderr.removeprefix(reason).strip().split(", ")
+    assert {"jax", "jaxlib", "torch", "transformers"} <= set(absent)
+    assert not (tmp_path / "scratch").exists()  # refused before anything was unpacked
+
+
+def _manifest(*wheels: tuple[str, str, list[str]]) -> dict:
+    return {
+        "wheels": [
+            {"file": f"{n}.whl", "name": n, "version": "1", "pythons": p, "policy": policy}
+            for n, policy, p in wheels
+        ]
+    }
+
+
+def test_if_missing_wheels_give_way_to_the_hosts_and_always_wheels_do_not() -> None:
+    # pytest and pluggy are installed in this interpreter, no-such-dist is not.
+    manifest = _manifest(
+        ("pytest", "if-missing", ["3.11", "3.12"]),
+        ("pluggy", "always", ["3.11", "3.12"]),
+        ("no-such-dist", "if-missing", ["3.11", "3.12"]),
+        ("only-for-other-python", "always", ["3.9"]),
+    )
+    chosen, notes = host_run.choose_wheels(
+        manifest, f"{sys.version_info[0]}.{sys.version_info[1]}"
+    )
+    assert [w["name"] for w in chosen] == ["pluggy", "no-such-dist"]
+    assert len(notes) == 1 and notes[0].startswith("pytest ")
+
+
+def test_host_has_leaves_out_only_if_missing_wheels(tmp_path: Path) -> None:
+    listing = tmp_path / "host.txt"
+    listing.write_text(
+        "# pip list --format=freeze\nflax==0.12.10\ntensorstore 0.1.90\njaxtyping\n"
+    )
+    host_has = gpu_bundle.read_host_has(listing)
+    assert host_has == {"flax", "tensorstore", "jaxtyping"}
+    carried = gpu_bundle.carried_for(host_has)
+    assert "flax" not in carried and "tensorstore" not in carried
+    assert carried["jaxtyping"] == "always"  # the host's jaxtyping 0.3 breaks openpi
+    assert set(gpu_bundle.carried_for(set())) == set(gpu_bundle.BUNDLED)
