@@ -129,7 +129,7 @@ def measure(preset: str, vocab: str, runs: int, workdir: pathlib.Path) -> dict[s
         logits = np.zeros((rows, head_rows), np.float32)
         return [
             model.lower("extend", prefix, zeros, tails, masks, model.vocab_size),
-            model.lower("sample_tokens", logits, temperature, zeros, zeros),
+            model.lower("sample_tokens", logits, temperature, zeros, zeros, False),
         ]
 
     # Decode: every slot active, reading the frame's prefix, after its narration tail.
@@ -220,11 +220,11 @@ def measure(preset: str, vocab: str, runs: int, workdir: pathlib.Path) -> dict[s
             "decode_step", *step_args(prefix, state), model.vocab_size
         ),
         f"decode_greedy_b{slots}": model.lower(
-            "decode_sample", *step_args(prefix, state), *sampling, model.vocab_size
+            "decode_sample", *step_args(prefix, state), *sampling, model.vocab_size, False
         ),
         f"argmax_b{slots}": argmax.lower(logits),
         f"decode_greedy_b{slots}_prefix{SHORT_PREFIX}": model.lower(
-            "decode_sample", *step_args(short, short_state), *sampling, model.vocab_size
+            "decode_sample", *step_args(short, short_state), *sampling, model.vocab_size, False
         ),
     }
     tail_len = tail_tokens.shape[0]

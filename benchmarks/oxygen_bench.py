@@ -124,7 +124,7 @@ from oxygen_ros.engine.config import (  # noqa: E402
 from oxygen_ros.engine.engine import Engine  # noqa: E402
 from oxygen_ros.engine.kv_cache import write_tail_rows  # noqa: E402
 from oxygen_ros.engine.model import Pi05Model, create_model  # noqa: E402
-from oxygen_ros.engine.model_fns import Prefix  # noqa: E402
+from oxygen_ros.engine.model_fns import Prefix, needs_sampling  # noqa: E402
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH  # noqa: E402
 from oxygen_ros.engine.types import (  # noqa: E402
     LanguageRequest,
@@ -396,7 +396,7 @@ def measure_components(
         sampling = (temperature, seeds, seeds)
         decode = model.lower(
             "decode_sample", store, rows, state["k"], state["v"], gen_len, tokens,
-            np.ones((slots,), bool), *sampling, vocab,
+            np.ones((slots,), bool), *sampling, vocab, needs_sampling(temperature),
         )  # fmt: skip
         extend_s = components["extend_s"]
         assert isinstance(extend_s, dict)
@@ -406,7 +406,12 @@ def measure_components(
             narrow = (rows[:width], tails[:width], masks[:width])
             return [
                 model.lower("extend", store, *narrow, vocab),
-                model.lower("sample_tokens", logits, *(x[:width] for x in sampling)),
+                model.lower(
+                    "sample_tokens",
+                    logits,
+                    *(x[:width] for x in sampling),
+                    needs_sampling(temperature[:width]),
+                ),
             ]
 
         rows_of = {

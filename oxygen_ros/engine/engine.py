@@ -423,14 +423,18 @@ class Engine:
         # One short request (prefill, denoise, a one-row extend, decode steps), then, unless
         # requests are admitted one at a time (isolated), one frame per wider extend: that many
         # one-token requests admitted together.
+        # Then the same with sampled requests: extends and decode steps compile a greedy and a
+        # sampling variant (`sample_tokens`).
         widths = (1,) if self.mode == "isolated" else self.runner.extend_widths
+        passes = [(width, hot) for hot in (0.0, 1.0) for width in widths]
         warmup_ids: list[str] = []
-        for width in widths:
+        for index, (width, temperature) in enumerate(passes):
             specs = [
                 LanguageRequest(
                     RequestKind.SUBTASK,
                     max_tokens=2 if width == 1 else 1,
-                    request_id=f"__warmup_{width}_{i}__",
+                    temperature=temperature,
+                    request_id=f"__warmup_{index}_{i}__",
                     ignore_eos=True,
                 )
                 for i in range(width)

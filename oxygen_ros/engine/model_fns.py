@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -45,6 +46,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 from openpi.models.pi0 import make_attn_mask
 
+from oxygen_ros.engine import cascade
 from oxygen_ros.engine.config import ModelConfig
 from oxygen_ros.engine.model import Pi05Model, abstract_model, gemma_config
 
@@ -132,7 +134,7 @@ def _gather_prefix(store: Prefix, index: Int[Array, " b"]) -> Prefix:
     return Prefix(store.k[:, index], store.v[:, index], store.mask[index])
 
 
-def extend(
+def extend_openpi(
     model: Pi05Model,
     store: Prefix,
     prefix_index: Int[Array, " b"],
@@ -140,7 +142,8 @@ def extend(
     tail_mask: Bool[Array, "b t"],
     vocab_size: int | None = None,
 ) -> tuple[Float[Array, "l b t k h"], Float[Array, "l b t k h"], Float[Array, "b v"]]:
-    """Prefills language tails after stored prefixes, causally.
+    """`extend` through openpi's `gemma.Module`, the row's prefix gathered and concatenated
+    (the serving path before cascade attention; the reference `test_cascade` compares with).
 
     Row b reads prefix `store[prefix_index[b]]`; its tail is left-aligned (tail_mask a run
     of True then False) and starts at the prefix's valid length. Returns the tails' k/v
@@ -167,7 +170,7 @@ def extend(
     return k[:, :, num_prefix:], v[:, :, num_prefix:], model.logits(hidden, vocab_size)
 
 
-def decode_step(
+def decode_step_openpi(
     model: Pi05Model,
     store: Prefix,
     slot_prefix: Int[Array, " b"],
@@ -178,7 +181,9 @@ def decode_step(
     active: Bool[Array, " b"],
     vocab_size: int | None = None,
 ) -> tuple[Float[Array, "b v"], Float[Array, "l b t k h"], Float[Array, "l b t k h"]]:
-    """One token per slot row; returns logits [B, V] and the updated gen cache.
+    """`decode_step` through openpi's `gemma.Module`: each row's prefix gathered and
+    concatenated with the gen cache (the serving path before cascade attention; the reference
+    `test_cascade` compares with).
 
     Row b feeds `tokens[b]` at position valid_len(prefix) + gen_len[b], attends to its stored
     prefix `store[slot_prefix[b]]`, to its first gen_len[b] gen-cache entries and to itself,
@@ -214,17 +219,115 @@ def decode_step(
     return model.logits(out[:, 0], vocab_size), gen_k, gen_v
 
 
-def first_argmax(x: Float[Array, "*b v"]) -> Int[Array, "*b"]:
-    """`jnp.argmax` over the last axis (the first maximum; a NaN counts as the maximum), as a
-    max and a min reduction.
+def _valid_len(store: Prefix, index: Int[Array, " b"]) -> Int[Array, " b"]:
+    return jnp.sum(store.mask, axis=-1)[index]
 
-    XLA:CPU lowers `argmax` to one (value, index) reduction that does not vectorise: about 5x
-    slower than these two on the 257,152-id head.
+
+def extend(
+    model: Pi05Model,
+    store: Prefix,
+    prefix_index: Int[Array, " b"],
+    tail_tokens: Int[Array, "b t"],
+    tail_mask: Bool[Array, "b t"],
+    vocab_size: int | None = None,
+) -> tuple[Float[Array, "l b t k h"], Float[Array, "l b t k h"], Float[Array, "b v"]]:
+    """Prefills language tails after stored prefixes, causally (cascade attention: the
+    prefix is read in the store, never gathered with the tail into one cache).
+
+    Row b reads `store[prefix_index[b]]`; its tail is left-aligned (tail_mask a run of True
+    then False) and starts at the prefix's valid length. Returns the tails' k/v
+    [L, B, T, K, H] (padded positions hold junk, beyond the row's tail length) and the logits
+    of each row's last valid tail token (first `vocab_size` ids; None: all).
     """
-    top = jnp.max(x, axis=-1, keepdims=True)  # NaN if the row has one
-    hit = (x == top) | jnp.isnan(x)
-    ids = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
-    return jnp.min(jnp.where(hit, ids, x.shape[-1]), axis=-1)
+    params = cascade.llm_params(model.llm)
+    num_tail = tail_tokens.shape[1]
+    positions = _valid_len(store, prefix_index)[:, None] + jnp.cumsum(tail_mask, axis=-1) - 1
+    causal = make_attn_mask(tail_mask, jnp.ones((num_tail,), dtype=bool))
+    itself = jnp.eye(num_tail, dtype=bool)[None]  # padding sees itself: no empty softmax
+    hidden, k, v = cascade.forward(
+        params,
+        cascade.embed(params, tail_tokens, model.config.dtype),
+        positions,
+        store.k,
+        store.v,
+        prefix_index,
+        store.mask[prefix_index],
+        causal | itself,
+    )
+    last = jnp.maximum(jnp.sum(tail_mask, axis=-1) - 1, 0)
+    hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+    return k, v, cascade.logits(params, hidden, vocab_size)
+
+
+def decode_step(
+    model: Pi05Model,
+    store: Prefix,
+    slot_prefix: Int[Array, " b"],
+    gen_k: Float[Array, "l b t k h"],
+    gen_v: Float[Array, "l b t k h"],
+    gen_len: Int[Array, " b"],
+    tokens: Int[Array, " b"],
+    active: Bool[Array, " b"],
+    vocab_size: int | None = None,
+) -> tuple[Float[Array, "b v"], Float[Array, "l b t k h"], Float[Array, "l b t k h"]]:
+    """One token per slot row; returns logits [B, V] and the updated gen cache.
+
+    Row b feeds `tokens[b]` at position valid_len(prefix) + gen_len[b], attends to its stored
+    prefix `store[slot_prefix[b]]` where it lies in the store, to its first gen_len[b]
+    gen-cache entries where they lie and to itself (cascade attention, `cascade.forward`),
+    and its k/v are written at gen-cache index gen_len[b], in place when gen_k/gen_v are
+    donated. Inactive rows see only themselves and write nothing. Logits cover the first
+    `vocab_size` ids (None: all).
+    """
+    params = cascade.llm_params(model.llm)
+    batch, capacity = gen_k.shape[1], gen_k.shape[2]
+    hidden, k, v = cascade.forward(
+        params,
+        cascade.embed(params, tokens[:, None], model.config.dtype),
+        (_valid_len(store, slot_prefix) + gen_len)[:, None],
+        store.k,
+        store.v,
+        slot_prefix,
+        store.mask[slot_prefix] & active[:, None],
+        jnp.ones((batch, 1, 1), dtype=bool),
+        gen_k,
+        gen_v,
+        (jnp.arange(capacity)[None, :] < gen_len[:, None]) & active[:, None],
+    )
+    rows = jnp.arange(batch)
+    write_at = jnp.where(active, gen_len, capacity)  # out of range: dropped
+    gen_k = gen_k.at[:, rows, write_at].set(k[:, :, 0], mode="drop")
+    gen_v = gen_v.at[:, rows, write_at].set(v[:, :, 0], mode="drop")
+    return cascade.logits(params, hidden[:, 0], vocab_size), gen_k, gen_v
+
+
+def _num_chunks(size: int) -> int:
+    """The divisor of `size` nearest its square root from below (1 for a prime)."""
+    return max(d for d in range(1, math.isqrt(size) + 1) if size % d == 0)
+
+
+def first_argmax(x: Float[Array, "b v"]) -> Int[Array, " b"]:
+    """`jnp.argmax` over the last axis (the first maximum; a NaN counts as the maximum, the
+    first NaN wins), in two levels: chunk maxima in one pass over the row, then the first hit
+    inside the first chunk holding the maximum.
+
+    XLA:CPU lowers `argmax` to one (value, index) reduction that does not vectorise (about 5x
+    slower than a max on the 257,152-id head), and a max-then-first-index formulation makes a
+    second pass over every row; here only one chunk is read twice. Its vectorised max may drop
+    a NaN, so the maximum is taken over keys: NaN -> +inf, +inf -> the largest finite float
+    (the one case that differs from `jnp.argmax`: a row holding +inf and, before it, a logit
+    equal to that largest float).
+    """
+    batch, size = x.shape
+    chunks = _num_chunks(size)
+    largest = jnp.finfo(x.dtype).max
+    keys = jnp.where(jnp.isnan(x), jnp.inf, jnp.where(x == jnp.inf, largest, x))
+    tiles = keys.reshape(batch, chunks, size // chunks)
+    chunk_top = jnp.max(tiles, axis=-1)  # [B, C]
+    top = jnp.max(chunk_top, axis=-1, keepdims=True)
+    chunk = jnp.argmax(chunk_top == top, axis=-1)  # the first chunk holding the maximum
+    tile = jnp.take_along_axis(tiles, chunk[:, None, None], axis=1)[:, 0]  # [B, size / C]
+    return (chunk * (size // chunks) + jnp.argmax(tile == top, axis=-1)).astype(jnp.int32)
 
 
 def sample_tokens(
@@ -232,29 +335,33 @@ def sample_tokens(
     temperature: Float[Array, " b"],
     seeds: Int[Array, " b"],
     indices: Int[Array, " b"],
+    sampling: bool = True,
 ) -> Int[Array, " b"]:
     """Greedy (temperature <= 0) or temperature sampling; token i of a request uses
     fold_in(key(seed), i).
 
     A row with temperature t > 0 draws `jax.random.categorical(key, logits / t)` (what JAX
-    computes: Gumbel noise over every id added to logits / t, then the argmax), so the same key
-    gives the same id whatever the batch; a greedy row costs one argmax and draws no noise.
-    Rows run one after another, each under `lax.cond`: the cost follows the number of sampled
-    rows, and one compilation serves every mix of temperatures.
+    computes: Gumbel noise over every id added to logits / t, then the argmax); each row's
+    noise comes from its own key (vmapped), so the same key gives the same id whatever the
+    batch. Vectorised over rows: one argmax for every row, and, when `sampling` (static: the
+    caller knows whether any row samples; XLA:CPU would run both sides of a `lax.cond` here),
+    noise for every row, kept where t > 0. Two compilations per shape, greedy and sampling.
     """
     logits = logits.astype(jnp.float32)
+    greedy = first_argmax(logits)
+    if not sampling:
+        return greedy
+    keys = jax.vmap(lambda seed, index: jax.random.fold_in(jax.random.key(seed), index))(
+        seeds, indices
+    )
+    noise = jax.vmap(lambda key: jax.random.gumbel(key, logits.shape[1:], jnp.float32))(keys)
+    scaled = logits / jnp.maximum(temperature, MIN_TEMPERATURE)[:, None]
+    return jnp.where(temperature > 0, first_argmax(scaled + noise), greedy)
 
-    def sample_row(row: tuple[Array, Array, Array, Array]) -> Array:
-        row_logits, row_temperature, seed, index = row
 
-        def draw() -> Array:
-            key = jax.random.fold_in(jax.random.key(seed), index)
-            scaled = row_logits / jnp.maximum(row_temperature, MIN_TEMPERATURE)
-            return first_argmax(scaled + jax.random.gumbel(key, scaled.shape, jnp.float32))
-
-        return jax.lax.cond(row_temperature > 0, draw, lambda: first_argmax(row_logits))
-
-    return jax.lax.map(sample_row, (logits, temperature, seeds, indices)).astype(jnp.int32)
+def needs_sampling(temperature: object) -> bool:
+    """Whether any row of a host-side temperature array samples (`sample_tokens`' flag)."""
+    return bool(np.any(np.asarray(temperature) > 0))
 
 
 def decode_sample(
@@ -270,6 +377,7 @@ def decode_sample(
     seeds: Int[Array, " b"],
     indices: Int[Array, " b"],
     vocab_size: int | None = None,
+    sampling: bool = True,
 ) -> tuple[Int[Array, " b"], Float[Array, "l b t k h"], Float[Array, "l b t k h"]]:
     """`decode_step` then `sample_tokens` in one call: the next id of every row (inactive rows
     give junk) and the updated gen cache. `indices[b]` is the index of the sampled id in row
@@ -277,7 +385,7 @@ def decode_sample(
     logits, gen_k, gen_v = decode_step(
         model, store, slot_prefix, gen_k, gen_v, gen_len, tokens, active, vocab_size
     )
-    return sample_tokens(logits, temperature, seeds, indices), gen_k, gen_v
+    return sample_tokens(logits, temperature, seeds, indices, sampling), gen_k, gen_v
 
 
 def full_forward_logits(
@@ -315,6 +423,8 @@ class _Compiled:
     decode_sample: object
     sample_tokens: object
     full_forward_logits: object
+    extend_openpi: object
+    decode_step_openpi: object
 
 
 @functools.cache
@@ -337,9 +447,13 @@ def _compiled(config: ModelConfig) -> _Compiled:
         denoise_rtc=jax.jit(bind(rtc.denoise_rtc), static_argnums=3),
         extend=jax.jit(bind(extend), static_argnums=5),
         decode_step=jax.jit(bind(decode_step), static_argnums=8, donate_argnums=(3, 4)),
-        decode_sample=jax.jit(bind(decode_sample), static_argnums=11, donate_argnums=(3, 4)),
-        sample_tokens=jax.jit(sample_tokens),
+        decode_sample=jax.jit(bind(decode_sample), static_argnums=(11, 12), donate_argnums=(3, 4)),
+        sample_tokens=jax.jit(sample_tokens, static_argnums=4),
         full_forward_logits=jax.jit(bind(full_forward_logits), static_argnums=4),
+        extend_openpi=jax.jit(bind(extend_openpi), static_argnums=5),
+        decode_step_openpi=jax.jit(
+            bind(decode_step_openpi), static_argnums=8, donate_argnums=(3, 4)
+        ),
     )
 
 
@@ -391,19 +505,19 @@ class JitModel:
             self._leaves, store, prefix_index, tail_tokens, tail_mask, self.vocab_size
         )
 
-    def decode_step(
-        self,
-        store: Prefix,
-        slot_prefix: Array,
-        gen_k: Array,
-        gen_v: Array,
-        gen_len: Array,
-        tokens: Array,
-        active: Array,
-    ) -> tuple[Array, Array, Array]:
-        """As `decode_step`; gen_k and gen_v are donated (do not reuse the passed arrays)."""
-        args = (store, slot_prefix, gen_k, gen_v, gen_len, tokens, active, self.vocab_size)
-        return self._fns.decode_step(self._leaves, *args)
+    def decode_step(self, *args: Array | Prefix) -> tuple[Array, Array, Array]:
+        """`decode_step(store, slot_prefix, gen_k, gen_v, gen_len, tokens, active)`; gen_k and
+        gen_v are donated (do not reuse the passed arrays)."""
+        return self._fns.decode_step(self._leaves, *args, self.vocab_size)
+
+    def extend_openpi(self, *args: Array | Prefix) -> tuple[Array, Array, Array]:
+        """`extend_openpi`, arguments as `extend`: the reference through openpi's module."""
+        return self._fns.extend_openpi(self._leaves, *args, self.vocab_size)
+
+    def decode_step_openpi(self, *args: Array | Prefix) -> tuple[Array, Array, Array]:
+        """`decode_step_openpi`, arguments as `decode_step` (donated likewise): the reference
+        through openpi's module."""
+        return self._fns.decode_step_openpi(self._leaves, *args, self.vocab_size)
 
     def decode_sample(
         self,
@@ -420,13 +534,16 @@ class JitModel:
     ) -> tuple[Array, Array, Array]:
         """As `decode_sample`; gen_k and gen_v are donated."""
         args = (store, slot_prefix, gen_k, gen_v, gen_len, tokens, active)
-        sampling = (temperature, seeds, indices, self.vocab_size)
+        sampling = (temperature, seeds, indices, self.vocab_size, needs_sampling(temperature))
         return self._fns.decode_sample(self._leaves, *args, *sampling)
 
     def sample_tokens(
         self, logits: Array, temperature: Array, seeds: Array, indices: Array
     ) -> Array:
-        return self._fns.sample_tokens(logits, temperature, seeds, indices)
+        """`sample_tokens`; `temperature` is read on the host (greedy or sampling variant)."""
+        return self._fns.sample_tokens(
+            logits, temperature, seeds, indices, needs_sampling(temperature)
+        )
 
     def full_forward_logits(
         self, inputs: PrefixInputs, text_tokens: Array, text_mask: Array

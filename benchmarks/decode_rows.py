@@ -1,0 +1,203 @@
+"""The batched decode step by active rows, before and after cascade attention (not collected
+by pytest).
+
+One greedy decode step (decode + sampling of the next id, device work waited for) of the
+engine's `JitModel` on a preset, for both language heads (the bundled tokenizer's rows and
+all 257,152), in one run, each method interleaved with the other:
+
+- `before`: the path through openpi's `gemma.Module` (`decode_step_openpi`: each row's stored
+  prefix gathered and concatenated with its generated cache, then openpi concatenates the new
+  k/v again) and the row-by-row sampler it was served with (`lax.map` over rows, a
+  `lax.cond` per row, the max-then-first-index argmax), fused in one jitted call;
+- `after`: `JitModel.decode_sample` (cascade attention, k/v written in place, the vectorised
+  greedy variant of `sample_tokens`).
+
+Shapes: a 1-slot cache (1 slot, 1 stored prefix) with its one row active, and the engine's
+8-slot cache (8 slots, 8 stored prefixes) with 1..8 active rows, the rows either on distinct
+prefixes (continuous batching's steady state: one request admitted per frame) or all on one
+(requests admitted together). `ratio_8_over_1` is the 8-active-row step over the 1-slot step.
+Each figure is the median over `--rounds` interleaved rounds of the median of `--runs` calls.
+
+Writes JSON (`--output`) and prints the table.
+
+Usage (repository root, after `source scripts/env.sh`):
+    python benchmarks/decode_rows.py [--preset tiny] [--runs 20] [--rounds 3] [--output FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import flax.nnx as nnx  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from oxygen_ros.engine import model_fns  # noqa: E402
+from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, get_model_config  # noqa: E402
+from oxygen_ros.engine.model import create_model, gemma_config  # noqa: E402
+from oxygen_ros.engine.model_fns import JitModel, Prefix  # noqa: E402
+from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, Tokenizer  # noqa: E402
+
+SLOTS = 8  # the engine's default cache (CacheConfig)
+GEN_LEN = 64  # CacheConfig.max_seq_len
+FED = 12  # generated-cache entries each row already holds (a tail and a few ids)
+LAYOUTS = ("distinct", "shared")
+
+
+def rowwise_argmax(x: jax.Array) -> jax.Array:
+    """The argmax the rows were sampled with before: a max, then the first index hitting it."""
+    hit = (x == jnp.max(x, axis=-1, keepdims=True)) | jnp.isnan(x)
+    ids = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    return jnp.min(jnp.where(hit, ids, x.shape[-1]), axis=-1)
+
+
+def rowwise_sampler(logits, temperature, seeds, indices):
+    """The sampler served before: rows in turn (`lax.map`), each under `lax.cond`."""
+    logits = logits.astype(jnp.float32)
+
+    def row(args):
+        row_logits, row_temperature, seed, index = args
+
+        def draw():
+            key = jax.random.fold_in(jax.random.key(seed), index)
+            scaled = row_logits / jnp.maximum(row_temperature, model_fns.MIN_TEMPERATURE)
+            return rowwise_argmax(scaled + jax.random.gumbel(key, scaled.shape, jnp.float32))
+
+        return jax.lax.cond(row_temperature > 0, draw, lambda: rowwise_argmax(row_logits))
+
+    return jax.lax.map(row, (logits, temperature, seeds, indices)).astype(jnp.int32)
+
+
+def before_fn(model, vocab_size: int | None) -> Callable[..., tuple]:
+    graphdef, state = nnx.split(model)
+
+    def step(state, store, rows, gen_k, gen_v, gen_len, tokens, active, t, seeds, indices):
+        bound = nnx.merge(graphdef, state)
+        logits, gen_k, gen_v = model_fns.decode_step_openpi(
+            bound, store, rows, gen_k, gen_v, gen_len, tokens, active, vocab_size
+        )
+        return rowwise_sampler(logits, t, seeds, indices), gen_k, gen_v
+
+    jitted = jax.jit(step, donate_argnums=(3, 4))
+    return lambda *args: jitted(state, *args)
+
+
+def measure_step(fn, jit_model, slots: int, active_rows: int, shared: bool, runs: int) -> float:
+    """Median seconds of one decode step at `slots` slots (as many stored prefixes)."""
+    config = jit_model.config
+    llm = gemma_config(config.paligemma_variant)
+    rng = np.random.default_rng(slots * 100 + active_rows)
+    shape = (llm.depth, slots, config.prefix_len, llm.num_kv_heads, llm.head_dim)
+    valid = np.arange(config.prefix_len)[None] < config.prefix_len - 40
+    store = Prefix(
+        jnp.asarray(rng.normal(size=shape), config.dtype),
+        jnp.asarray(rng.normal(size=shape), config.dtype),
+        jnp.asarray(np.repeat(valid, slots, 0)),
+    )
+    gen = list(jit_model.empty_gen_cache(slots, GEN_LEN))
+    rows = np.zeros((slots,), np.int32) if shared else np.arange(slots, dtype=np.int32)
+    gen_len = np.full((slots,), FED, np.int32)
+    tokens = np.full((slots,), 5, np.int32)
+    active = np.arange(slots) < active_rows
+    zeros = np.zeros((slots,), np.int32)
+    greedy = np.zeros((slots,), np.float32)
+
+    def call() -> None:
+        sampled, gen[0], gen[1] = fn(
+            store, rows, gen[0], gen[1], gen_len, tokens, active, greedy, zeros, zeros
+        )
+        jax.block_until_ready(sampled)
+
+    call()  # compile
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(preset: str, runs: int, rounds: int) -> dict[str, object]:
+    config = get_model_config(preset)
+    model = create_model(config, seed=0)
+    tokenizer_rows = Tokenizer(BUNDLED_TOKENIZER_PATH).vocab_size
+    heads: dict[str, object] = {}
+    for head, vocab in (("tokenizer", tokenizer_rows), ("full", None)):
+        jit_model = JitModel(model, vocab_size=vocab)
+        methods = {"before": before_fn(model, vocab), "after": jit_model.decode_sample}
+        table: dict[str, dict[str, object]] = {name: {} for name in methods}
+        shapes = [(1, 1, "one_slot")] + [
+            (SLOTS, rows, layout) for rows in range(1, SLOTS + 1) for layout in LAYOUTS
+        ]
+        samples: dict[tuple[str, int, int, str], list[float]] = {}
+        for _ in range(rounds):  # every shape and method once per round, interleaved
+            for slots, rows, layout in shapes:
+                for name, fn in methods.items():
+                    seconds = measure_step(fn, jit_model, slots, rows, layout == "shared", runs)
+                    samples.setdefault((name, slots, rows, layout), []).append(seconds)
+        for (name, _, _, layout), values in samples.items():  # in shape order
+            seconds = statistics.median(values)
+            if layout == "one_slot":
+                table[name]["one_slot_s"] = seconds
+            else:
+                table[name].setdefault(f"{layout}_s", []).append(seconds)
+        for name in methods:
+            entry = table[name]
+            for layout in LAYOUTS:
+                entry[f"{layout}_ratio_8_over_1"] = entry[f"{layout}_s"][-1] / entry["one_slot_s"]
+        heads[head] = {"lm_head_rows": vocab or PALIGEMMA_VOCAB_SIZE, **table}
+    return {
+        "preset": preset,
+        "runs": runs,
+        "rounds": rounds,
+        "slots": SLOTS,
+        "prefix_len": config.prefix_len,
+        "gen_len": GEN_LEN,
+        "fed_entries": FED,
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "jax_backend": jax.default_backend(),
+        "heads": heads,
+    }
+
+
+def print_table(result: dict[str, object]) -> None:
+    print(f"decode step (ms), {result['preset']}, rows 1..{result['slots']} of {result['slots']}")
+    for head, entry in result["heads"].items():
+        for name in ("before", "after"):
+            row = entry[name]
+            for layout in LAYOUTS:
+                steps = " ".join(f"{s * 1e3:6.2f}" for s in row[f"{layout}_s"])
+                print(
+                    f"{head:9s} {name:6s} {layout:8s} 1-slot {row['one_slot_s'] * 1e3:6.2f} | "
+                    f"{steps} | 8/1 {row[f'{layout}_ratio_8_over_1']:.2f}"
+                )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--runs", type=int, default=20, help="timed calls per measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
+    parser.add_argument("--output", type=pathlib.Path, default=None)
+    args = parser.parse_args()
+    result = measure(args.preset, args.runs, args.rounds)
+    print_table(result)
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
