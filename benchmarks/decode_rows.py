@@ -5,10 +5,11 @@ One greedy decode step (decode + sampling of the next id, device work waited for
 engine's `JitModel` on a preset, for both language heads (the bundled tokenizer's rows and
 all 257,152), in one run, each method interleaved with the other:
 
-- `before`: the path through openpi's `gemma.Module` (`decode_step_openpi`: each row's stored
-  prefix gathered and concatenated with its generated cache, then openpi concatenates the new
-  k/v again) and the row-by-row sampler it was served with (`lax.map` over rows, a
-  `lax.cond` per row, the max-then-first-index argmax), fused in one jitted call;
+- `before`: the path through openpi's `gemma.Module`
+  (`openpi_reference.decode_step_openpi`: each row's stored prefix gathered and concatenated
+  with its generated cache, then openpi concatenates the new k/v again) and the row-by-row
+  sampler it was served with (`lax.map` over rows, a `lax.cond` per row, the
+  max-then-first-index argmax), fused in one jitted call;
 - `after`: `JitModel.decode_sample` (cascade attention, k/v written in place, the vectorised
   greedy variant of `sample_tokens`).
 
@@ -44,7 +45,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from oxygen_ros.engine import model_fns  # noqa: E402
+from oxygen_ros.engine import model_fns, openpi_reference  # noqa: E402
 from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, get_model_config  # noqa: E402
 from oxygen_ros.engine.model import create_model, gemma_config  # noqa: E402
 from oxygen_ros.engine.model_fns import JitModel, Prefix  # noqa: E402
@@ -85,7 +86,7 @@ def before_fn(model, vocab_size: int | None) -> Callable[..., tuple]:
 
     def step(state, store, rows, gen_k, gen_v, gen_len, tokens, active, t, seeds, indices):
         bound = nnx.merge(graphdef, state)
-        logits, gen_k, gen_v = model_fns.decode_step_openpi(
+        logits, gen_k, gen_v = openpi_reference.decode_step_openpi(
             bound, store, rows, gen_k, gen_v, gen_len, tokens, active, vocab_size
         )
         return rowwise_sampler(logits, t, seeds, indices), gen_k, gen_v

@@ -32,7 +32,9 @@ jaxlib versions, compile times), a PNG beside it where matplotlib imports (`--pl
 draws it elsewhere), a table and the last line
     gpu_bench device=<kind> action_hz=<x> tokens_per_s=<y> speedup_vs_isolated=<z>
     chunk_every_143ms=<yes|no> openpi_equal=<yes|no|skipped> complete=<yes|no>
-(one line, spaces in the device kind as "_", nan where nothing was measured); without an
+(one line, spaces in the device kind as "_", nan where nothing was measured;
+speedup_vs_isolated is cb_k5's steady-state figure, `speedup_steady_vs_isolated` in the
+JSON's headline, beside the finite run's `speedup_vs_isolated`); without an
 accelerator `no accelerator (jax backend: cpu): benchmarks/gpu not run`. `--force-cpu-smoke`:
 the same code on the CPU, `tiny` preset, a couple of frames (tests).
 
@@ -604,7 +606,7 @@ def last_line(document: dict[str, object]) -> str:
     return (
         f"gpu_bench device={'_'.join(str(document['device']).split())} "
         f"action_hz={number('action_hz', '.1f')} tokens_per_s={number('tokens_per_s', '.0f')} "
-        f"speedup_vs_isolated={number('speedup_vs_isolated', '.2f')} "
+        f"speedup_vs_isolated={number('speedup_steady_vs_isolated', '.2f')} "
         f"chunk_every_143ms={'yes' if seventy.get('chunk_every_143ms') else 'no'} "
         f"openpi_equal={'skipped' if equal is None else 'yes' if equal else 'no'} "
         f"complete={'yes' if document['complete'] else 'no'}"

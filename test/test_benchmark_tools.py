@@ -189,12 +189,12 @@ def test_each_method_runs_at_the_shapes_a_user_would_give_it(oxygen_bench) -> No
     assert overrides == {"max_waiting": 9, "mode": "isolated"}
 
 
-def test_the_headline_speedup_is_wall_time_with_the_steady_state_beside_it(oxygen_bench) -> None:
+def test_the_headline_speedup_is_the_steady_state_with_wall_time_beside_it(oxygen_bench) -> None:
     def result(method: str, vocab: str, wall: float, steady: float) -> dict[str, object]:
         return {
             "method": method, "denoise_steps": 10, "max_tokens": 30, "arrival": "u1",
-            "vocab": vocab, "e2e_wall_s": wall, "e2e_s": steady, "action_hz": 10.0 / steady,
-            "bound_e2e_s": steady / 2,
+            "vocab": vocab, "e2e_wall_s": wall, "e2e_s": steady, "steady_s": steady,
+            "action_hz": 10.0 / steady, "bound_e2e_s": steady / 2,
         }  # fmt: skip
 
     results = [
@@ -210,6 +210,19 @@ def test_the_headline_speedup_is_wall_time_with_the_steady_state_beside_it(oxyge
     assert results[0]["speedup"] == 1.0
     assert cb_full["speedup"] is None and cb_full["speedup_steady"] is None
     assert "wall" in oxygen_bench.DEFINITIONS["speedup"]
+    assert oxygen_bench.DEFINITIONS["speedup_steady"].startswith("headline, steady state")
+
+
+def test_the_steady_state_stretches_a_window_that_falls_behind_and_never_shrinks(
+    oxygen_bench,
+) -> None:
+    frames = [0.1] * 10
+    assert oxygen_bench.steady_state_s(frames, 300, 300) == (pytest.approx(1.0), 1.0)
+    behind, balance = oxygen_bench.steady_state_s(frames, 240, 300)  # pipeline not yet full
+    assert balance == pytest.approx(0.8) and behind == pytest.approx(1.25)
+    ahead, balance = oxygen_bench.steady_state_s(frames, 360, 300)  # warm-up tokens carried in
+    assert balance == pytest.approx(1.2) and ahead == pytest.approx(1.0)
+    assert oxygen_bench.steady_state_s(frames, 0, 300)[0] is None
 
 
 def test_the_bound_charges_each_admission_the_extend_width_the_runner_uses(oxygen_bench) -> None:

@@ -25,7 +25,7 @@ SCRIPT = ROOT / "benchmarks" / "gpu_bench.py"
 NOT_RUN_LINE = "no accelerator (jax backend: cpu): benchmarks/gpu not run"
 LAST_LINE = re.compile(
     r"^gpu_bench device=\S+ action_hz=(?P<hz>[0-9.]+|nan) tokens_per_s=([0-9]+|nan) "
-    r"speedup_vs_isolated=([0-9.]+|nan) chunk_every_143ms=(yes|no) "
+    r"speedup_vs_isolated=(?P<speedup>[0-9.]+|nan) chunk_every_143ms=(yes|no) "
     r"openpi_equal=(?P<equal>yes|no|skipped) complete=(?P<complete>yes|no)$"
 )
 STAGES = (
@@ -103,6 +103,8 @@ def test_cpu_smoke_runs_the_comparison_and_ends_with_the_summary_line(smoke) -> 
     assert headline["method"] == "cb_k5"
     assert headline["action_hz"] > 0 and headline["tokens_per_s"] > 0
     assert headline["speedup_vs_isolated"] > 0
+    # The last line's speedup is the steady-state figure (the finite run's sits beside it).
+    assert match["speedup"] == f"{headline['speedup_steady_vs_isolated']:.2f}"
     seventy = document["seventy_hz"]
     assert seventy["period_ms"] == pytest.approx(1e3 * 10 / 70)
     assert seventy["chunk_every_143ms"] == (seventy["chunk_interval_ms_p99"] <= 1e3 * 10 / 70)

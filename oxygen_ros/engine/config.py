@@ -344,8 +344,19 @@ class EngineConfig:
     # The flow's starting noise is N(0, 1) times this (openpi: 1; 0: every chunk is denoised
     # from zero, deterministic for a given observation).
     action_noise_scale: float = 1.0
+    # Image slots that may be masked (a camera absent or stale): `Engine.warmup` compiles the
+    # prefill for every subset of them masked (2^n valid-slot patterns), so serving never
+    # compiles for them. A masked slot is not encoded at all (`model_fns.prefill`); any other
+    # pattern compiles on first use, with a warning.
+    warmup_masked_slots: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        unknown = set(self.warmup_masked_slots) - set(self.model.image_keys)
+        if unknown:
+            raise ValueError(
+                f"warmup_masked_slots {sorted(unknown)} are not image slots of the model "
+                f"({', '.join(self.model.image_keys)})"
+            )
         if not 0.0 <= self.action_noise_scale <= 1.0:
             raise ValueError(
                 f"action_noise_scale must be in [0, 1], got {self.action_noise_scale}"

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -58,7 +59,7 @@ from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, EngineConfig
 from oxygen_ros.engine.detokenizer import IncrementalDetokenizer, find_anchor_id
 from oxygen_ros.engine.kv_cache import KVCacheLayout, LanguageKVCache
 from oxygen_ros.engine.model import Pi05Model, create_model, gemma_config
-from oxygen_ros.engine.model_fns import JitModel, Prefix, PrefixInputs
+from oxygen_ros.engine.model_fns import JitModel, Prefix, PrefixInputs, valid_slots_of
 from oxygen_ros.engine.requests import Request
 from oxygen_ros.engine.runner import Runner
 from oxygen_ros.engine.scheduler import (
@@ -231,6 +232,8 @@ class Engine:
         self._final_status: collections.OrderedDict[str, RequestStatus] = collections.OrderedDict()
         self._last_timings: FrameTimings | None = None
         self._num_refused_early = 0
+        self._prefill_patterns: set[tuple[str, ...]] = set()  # valid-slot sets compiled
+        self._warmed_up = False
         self.chunk_guide = ChunkGuide(
             config.rtc,
             self.normalizer,
@@ -449,6 +452,8 @@ class Engine:
                 for request_id in list(self._live):
                     self.abort(request_id)
                 self._frame(observation, (), noise, self.mode)
+        self._warm_masked_prefills(observation)
+        self._warmed_up = True
         self._counters = saved
         self._next_request, self._next_order = saved_next, saved_order
         for request_id in warmup_ids:
@@ -566,9 +571,29 @@ class Engine:
         )
 
     def _prefill(self, inputs: PrefixInputs) -> Prefix:
-        prefix = self.runner.prefill(inputs)
+        """The prefix of the observation's valid image slots only (a masked camera is not
+        encoded); a valid-slot pattern the warm-up did not compile compiles here, warned once."""
+        slots = valid_slots_of(self.config.model.image_keys, inputs.image_masks)
+        if slots not in self._prefill_patterns:
+            self._prefill_patterns.add(slots)
+            if self._warmed_up:
+                logger.warning(
+                    "compiling the prefill for valid image slots (%s) on first use: this frame "
+                    "is late; list the slots that may be masked in warmup_masked_slots",
+                    ", ".join(slots) or "none",
+                )
+        prefix = self.runner.prefill(inputs, slots)
         self._counters.num_prefills += 1
         return prefix
+
+    def _warm_masked_prefills(self, observation: Observation) -> None:
+        """Compiles the prefill for every subset of `warmup_masked_slots` masked."""
+        masked_slots = self.config.warmup_masked_slots
+        for count in range(1, len(masked_slots) + 1):
+            for masked in itertools.combinations(masked_slots, count):
+                masks = {key: key not in masked for key in observation.image_masks}
+                inputs = self.prepare_inputs(dataclasses.replace(observation, image_masks=masks))
+                self._prefill(inputs)
 
     def _run_to_completion(
         self, mode: str, inputs: PrefixInputs, prefix: Prefix, phases: _FramePhases

@@ -136,14 +136,17 @@ class Pi05Model(nnx.Module):
         image_masks: dict[str, Bool[Array, " b"]],
         tokens: Int[Array, "b l"],
         token_mask: Bool[Array, "b l"],
+        slots: tuple[str, ...] | None = None,
     ) -> tuple[Float[Array, "b s d"], Bool[Array, "b s"], Bool[Array, " s"]]:
         """Image tokens of every slot (in `config.image_keys` order) then prompt tokens.
 
         Images are float in [-1, 1] at `config.image_resolution`. Returns the embeddings,
         the validity mask and openpi's autoregressive mask (all False: bidirectional prefix).
+        `slots` (a subset of `config.image_keys`): only those slots are encoded (None: all).
         """
         embeddings, masks = [], []
-        for key in self.config.image_keys:
+        keys = self.config.image_keys if slots is None else slots
+        for key in keys:
             image_tokens, _ = self.PaliGemma["img"](images[key], train=False)
             embeddings.append(image_tokens)
             masks.append(einops.repeat(image_masks[key], "b -> b s", s=image_tokens.shape[1]))

@@ -35,10 +35,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-import einops
 import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
@@ -70,16 +69,52 @@ class Prefix(NamedTuple):
     mask: Bool[Array, "b s"]  # valid prefix positions
 
 
-def prefill(model: Pi05Model, inputs: PrefixInputs) -> Prefix:
-    """Runs the prefix LLM over images + prompt (bidirectional) and returns its KV cache."""
+def prefill(
+    model: Pi05Model, inputs: PrefixInputs, valid_slots: tuple[str, ...] | None = None
+) -> Prefix:
+    """Runs the prefix LLM over images + prompt (bidirectional) and returns its KV cache.
+
+    `valid_slots` (static; None: every slot): the image slots that hold a valid image in every
+    row. Only those are encoded and run through the LLM (a masked camera costs nothing); the
+    cache is then padded with masked positions to the full prefix length S, so every consumer
+    sees one shape. Valid tokens keep openpi's positions (cumsum(mask) - 1 skips masked ones)
+    and, since no valid token attends a masked one, their k/v equal openpi's compute-then-mask
+    prefix; only where they sit in the S positions differs. The LLM runs `cascade.forward`
+    (openpi's layer math, one 2D matmul per attention product for a batch-1 prefix);
+    `prefill_openpi` is the same through openpi's module. Masked positions hold junk that no
+    consumer reads (they are masked wherever a prefix is read).
+    """
     embedded, mask, ar_mask = model.embed_prefix(
-        inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask
+        inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, valid_slots
     )
     positions = jnp.cumsum(mask, axis=1) - 1
-    _, (k, v) = model.llm(
-        [embedded, None], mask=make_attn_mask(mask, ar_mask), positions=positions
+    params = cascade.llm_params(model.llm)
+    itself = jnp.eye(mask.shape[1], dtype=bool)[None]  # masked tokens: no empty softmax
+    visible = make_attn_mask(mask, ar_mask) | itself
+    _, k, v = cascade.forward(
+        params, embedded.astype(model.config.dtype), positions, None, None, None, None, visible
     )
+    missing = model.config.prefix_len - mask.shape[1]
+    if missing:
+        pad = [(0, 0), (0, 0), (0, missing), (0, 0), (0, 0)]
+        k, v = jnp.pad(k, pad), jnp.pad(v, pad)
+        mask = jnp.pad(mask, [(0, 0), (0, missing)])
     return Prefix(k, v, mask)
+
+
+def valid_slots_of(image_keys: Sequence[str], image_masks: dict[str, object]) -> tuple[str, ...]:
+    """The slots whose mask is True in every row (host-side arrays), in `image_keys` order."""
+    return tuple(key for key in image_keys if bool(np.all(np.asarray(image_masks[key]))))
+
+
+def suffix_layout(prefix: Prefix, horizon: int) -> tuple[Bool[Array, "b a a"], Int[Array, "b a"]]:
+    """Action tokens see every valid prefix token and each other (openpi's suffix ar mask);
+    their positions follow the prefix's valid length."""
+    batch = prefix.mask.shape[0]
+    suffix_mask = jnp.ones((batch, horizon), dtype=bool)
+    suffix_ar = jnp.zeros((horizon,), dtype=bool).at[0].set(True)
+    positions = jnp.sum(prefix.mask, axis=-1)[:, None] + jnp.cumsum(suffix_mask, axis=-1) - 1
+    return make_attn_mask(suffix_mask, suffix_ar), positions
 
 
 def action_velocity(
@@ -87,30 +122,29 @@ def action_velocity(
 ) -> Callable[[Float[Array, "b a j"], Float[Array, ""]], Float[Array, "b a j"]]:
     """The action expert's flow v(x_t, t) for B chunks of `horizon` rows reading `prefix`
     (openpi's convention: v ~ noise - actions; t is one scalar for every row, or one per row
-    as training draws it)."""
+    as training draws it). The expert runs `cascade.forward` with its adaRMS condition: row
+    b's action tokens read prefix b where it lies (no concatenation with their own k/v), one
+    2D matmul per attention product for a batch-1 prefix; `action_velocity_openpi` is the
+    same through openpi's module."""
     batch = prefix.mask.shape[0]
-    # Action tokens see every valid prefix token and each other (openpi suffix ar mask).
-    suffix_mask = jnp.ones((batch, horizon), dtype=bool)
-    suffix_ar = jnp.zeros((horizon,), dtype=bool).at[0].set(True)
-    attn_mask = jnp.concatenate(
-        [
-            einops.repeat(prefix.mask, "b s -> b a s", a=horizon),
-            make_attn_mask(suffix_mask, suffix_ar),
-        ],
-        axis=-1,
-    )
-    positions = jnp.sum(prefix.mask, axis=-1)[:, None] + jnp.cumsum(suffix_mask, axis=-1) - 1
+    params = cascade.llm_params(model.llm, expert=1)
+    among, positions = suffix_layout(prefix, horizon)
+    dtype = model.config.dtype
 
     def velocity(x_t: Array, time: Array) -> Array:
-        tokens, adarms_cond = model.embed_suffix(x_t, jnp.broadcast_to(time, batch))
-        (_, out), _ = model.llm(
-            [None, tokens],
-            mask=attn_mask,
-            positions=positions,
-            kv_cache=(prefix.k, prefix.v),
-            adarms_cond=[None, adarms_cond],
+        tokens, cond = model.embed_suffix(x_t, jnp.broadcast_to(time, batch))
+        out, _, _ = cascade.forward(
+            params,
+            tokens.astype(dtype),
+            positions,
+            prefix.k,
+            prefix.v,
+            None,
+            prefix.mask,
+            among,
+            cond=cond,
         )
-        return model.action_out_proj(out[:, -horizon:])
+        return model.action_out_proj(out)
 
     return velocity
 
@@ -128,95 +162,6 @@ def denoise(
 
     actions, _ = jax.lax.fori_loop(0, num_steps, step, (noise, jnp.float32(1.0)))
     return actions
-
-
-def _gather_prefix(store: Prefix, index: Int[Array, " b"]) -> Prefix:
-    return Prefix(store.k[:, index], store.v[:, index], store.mask[index])
-
-
-def extend_openpi(
-    model: Pi05Model,
-    store: Prefix,
-    prefix_index: Int[Array, " b"],
-    tail_tokens: Int[Array, "b t"],
-    tail_mask: Bool[Array, "b t"],
-    vocab_size: int | None = None,
-) -> tuple[Float[Array, "l b t k h"], Float[Array, "l b t k h"], Float[Array, "b v"]]:
-    """`extend` through openpi's `gemma.Module`, the row's prefix gathered and concatenated
-    (the serving path before cascade attention; the reference `test_cascade` compares with).
-
-    Row b reads prefix `store[prefix_index[b]]`; its tail is left-aligned (tail_mask a run
-    of True then False) and starts at the prefix's valid length. Returns the tails' k/v
-    [L, B, T, K, H] (padded positions hold junk, beyond the row's tail length) and the
-    logits of each row's last valid tail token (first `vocab_size` ids; None: all).
-    """
-    prefix = _gather_prefix(store, prefix_index)
-    num_tail = tail_tokens.shape[1]
-    start = jnp.sum(prefix.mask, axis=-1)
-    positions = start[:, None] + jnp.cumsum(tail_mask, axis=-1) - 1
-    causal = make_attn_mask(tail_mask, jnp.ones((num_tail,), dtype=bool))
-    attn_mask = jnp.concatenate(
-        [einops.repeat(prefix.mask, "b s -> b t s", t=num_tail), causal], axis=-1
-    )
-    (out, _), (k, v) = model.llm(
-        [model.embed_tokens(tail_tokens), None],
-        mask=attn_mask,
-        positions=positions,
-        kv_cache=(prefix.k, prefix.v),
-    )
-    last = jnp.maximum(jnp.sum(tail_mask, axis=-1) - 1, 0)
-    hidden = jnp.take_along_axis(out, last[:, None, None], axis=1)[:, 0]
-    num_prefix = prefix.k.shape[2]
-    return k[:, :, num_prefix:], v[:, :, num_prefix:], model.logits(hidden, vocab_size)
-
-
-def decode_step_openpi(
-    model: Pi05Model,
-    store: Prefix,
-    slot_prefix: Int[Array, " b"],
-    gen_k: Float[Array, "l b t k h"],
-    gen_v: Float[Array, "l b t k h"],
-    gen_len: Int[Array, " b"],
-    tokens: Int[Array, " b"],
-    active: Bool[Array, " b"],
-    vocab_size: int | None = None,
-) -> tuple[Float[Array, "b v"], Float[Array, "l b t k h"], Float[Array, "l b t k h"]]:
-    """`decode_step` through openpi's `gemma.Module`: each row's prefix gathered and
-    concatenated with the gen cache (the serving path before cascade attention; the reference
-    `test_cascade` compares with).
-
-    Row b feeds `tokens[b]` at position valid_len(prefix) + gen_len[b], attends to its stored
-    prefix `store[slot_prefix[b]]`, to its first gen_len[b] gen-cache entries and to itself,
-    and writes its k/v at gen-cache index gen_len[b]. Inactive rows write nothing. Logits
-    cover the first `vocab_size` ids (None: all).
-    """
-    batch, capacity = gen_k.shape[1], gen_k.shape[2]
-    prefix = _gather_prefix(store, slot_prefix)
-    positions = (jnp.sum(prefix.mask, axis=-1) + gen_len)[:, None]
-    gen_valid = jnp.arange(capacity)[None, :] < gen_len[:, None]
-    attn_mask = jnp.concatenate(
-        [
-            prefix.mask & active[:, None],
-            gen_valid & active[:, None],
-            jnp.ones((batch, 1), dtype=bool),
-        ],
-        axis=-1,
-    )[:, None, :]
-    cache = (
-        jnp.concatenate([prefix.k, gen_k], axis=2),
-        jnp.concatenate([prefix.v, gen_v], axis=2),
-    )
-    (out, _), (k, v) = model.llm(
-        [model.embed_tokens(tokens[:, None]), None],
-        mask=attn_mask,
-        positions=positions,
-        kv_cache=cache,
-    )
-    rows = jnp.arange(batch)
-    write_at = jnp.where(active, gen_len, capacity)  # out of range: dropped
-    gen_k = gen_k.at[:, rows, write_at].set(k[:, :, -1], mode="drop")
-    gen_v = gen_v.at[:, rows, write_at].set(v[:, :, -1], mode="drop")
-    return model.logits(out[:, 0], vocab_size), gen_k, gen_v
 
 
 def _valid_len(store: Prefix, index: Int[Array, " b"]) -> Int[Array, " b"]:
@@ -388,30 +333,6 @@ def decode_sample(
     return sample_tokens(logits, temperature, seeds, indices, sampling), gen_k, gen_v
 
 
-def full_forward_logits(
-    model: Pi05Model,
-    inputs: PrefixInputs,
-    text_tokens: Int[Array, "b t"],
-    text_mask: Bool[Array, "b t"],
-    vocab_size: int | None = None,
-) -> Float[Array, "b t v"]:
-    """Uncached reference: prefix (bidirectional) + text (causal) in one pass.
-
-    Returns the logits after every text token (first `vocab_size` ids; None: all).
-    """
-    embedded, mask, ar_mask = model.embed_prefix(
-        inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask
-    )
-    embedded = jnp.concatenate([embedded, model.embed_tokens(text_tokens)], axis=1)
-    mask = jnp.concatenate([mask, text_mask], axis=1)
-    ar_mask = jnp.concatenate([ar_mask, jnp.ones((text_tokens.shape[1],), dtype=bool)])
-    positions = jnp.cumsum(mask, axis=1) - 1
-    (out, _), _ = model.llm(
-        [embedded, None], mask=make_attn_mask(mask, ar_mask), positions=positions
-    )
-    return model.logits(out[:, -text_tokens.shape[1] :], vocab_size)
-
-
 @dataclasses.dataclass(frozen=True)
 class _Compiled:
     treedef: jax.tree_util.PyTreeDef
@@ -425,11 +346,13 @@ class _Compiled:
     full_forward_logits: object
     extend_openpi: object
     decode_step_openpi: object
+    prefill_openpi: object
 
 
 @functools.cache
 def _compiled(config: ModelConfig) -> _Compiled:
-    from oxygen_ros.engine import rtc  # rtc builds on this module's velocity and Prefix
+    # Both build on this module's velocity, Prefix and inputs.
+    from oxygen_ros.engine import openpi_reference, rtc
 
     graphdef, abstract_state = nnx.split(abstract_model(config))
     treedef = jax.tree.structure(abstract_state)
@@ -442,17 +365,18 @@ def _compiled(config: ModelConfig) -> _Compiled:
 
     return _Compiled(
         treedef=treedef,
-        prefill=jax.jit(bind(prefill)),
+        prefill=jax.jit(bind(prefill), static_argnums=2),
         denoise=jax.jit(bind(denoise), static_argnums=3),
         denoise_rtc=jax.jit(bind(rtc.denoise_rtc), static_argnums=3),
         extend=jax.jit(bind(extend), static_argnums=5),
         decode_step=jax.jit(bind(decode_step), static_argnums=8, donate_argnums=(3, 4)),
         decode_sample=jax.jit(bind(decode_sample), static_argnums=(11, 12), donate_argnums=(3, 4)),
         sample_tokens=jax.jit(sample_tokens, static_argnums=4),
-        full_forward_logits=jax.jit(bind(full_forward_logits), static_argnums=4),
-        extend_openpi=jax.jit(bind(extend_openpi), static_argnums=5),
+        full_forward_logits=jax.jit(bind(openpi_reference.full_forward_logits), static_argnums=4),
+        extend_openpi=jax.jit(bind(openpi_reference.extend_openpi), static_argnums=5),
+        prefill_openpi=jax.jit(bind(openpi_reference.prefill_openpi)),
         decode_step_openpi=jax.jit(
-            bind(decode_step_openpi), static_argnums=8, donate_argnums=(3, 4)
+            bind(openpi_reference.decode_step_openpi), static_argnums=8, donate_argnums=(3, 4)
         ),
     )
 
@@ -473,8 +397,14 @@ class JitModel:
             raise ValueError(f"model state does not match the {self.config.name!r} parameter tree")
         self._leaves = leaves
 
-    def prefill(self, inputs: PrefixInputs) -> Prefix:
-        return self._fns.prefill(self._leaves, inputs)
+    def prefill(self, inputs: PrefixInputs, valid_slots: Sequence[str] | None = None) -> Prefix:
+        """`prefill`; `valid_slots` (one compilation per set in use): only those slots are
+        encoded; every slot (None, or all of them) is the one compilation openpi's way."""
+        if valid_slots is not None:
+            valid_slots = tuple(k for k in self.config.image_keys if k in set(valid_slots))
+            if len(valid_slots) == len(self.config.image_keys):
+                valid_slots = None
+        return self._fns.prefill(self._leaves, inputs, valid_slots)
 
     def denoise(self, prefix: Prefix, noise: Array, num_steps: int | None = None) -> Array:
         steps = self.config.num_denoise_steps if num_steps is None else num_steps
@@ -509,6 +439,10 @@ class JitModel:
         """`decode_step(store, slot_prefix, gen_k, gen_v, gen_len, tokens, active)`; gen_k and
         gen_v are donated (do not reuse the passed arrays)."""
         return self._fns.decode_step(self._leaves, *args, self.vocab_size)
+
+    def prefill_openpi(self, inputs: PrefixInputs) -> Prefix:
+        """`prefill_openpi`: every slot, through openpi's module (the reference)."""
+        return self._fns.prefill_openpi(self._leaves, inputs)
 
     def extend_openpi(self, *args: Array | Prefix) -> tuple[Array, Array, Array]:
         """`extend_openpi`, arguments as `extend`: the reference through openpi's module."""

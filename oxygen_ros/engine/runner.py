@@ -75,9 +75,10 @@ class Runner:
     # ----------------------------------------------------------------------------------------
     # Actions.
 
-    def prefill(self, inputs: PrefixInputs) -> Prefix:
-        """The prefix kv of a batch-1 observation (waited for)."""
-        return jax.block_until_ready(self.model.prefill(inputs))
+    def prefill(self, inputs: PrefixInputs, valid_slots: Sequence[str] | None = None) -> Prefix:
+        """The prefix kv of a batch-1 observation (waited for), encoding only `valid_slots`
+        (None: every slot)."""
+        return jax.block_until_ready(self.model.prefill(inputs, valid_slots))
 
     def denoise(self, prefix: Prefix, noise: np.ndarray) -> np.ndarray:
         """Normalised action chunk `[1, A, J]` from `prefix` and `noise` (waited for)."""

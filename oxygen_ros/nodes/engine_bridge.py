@@ -93,6 +93,7 @@ def build_engine_config(values: Mapping[str, Any], num_joints: int) -> EngineCon
         ),
         seed=values["seed"],
         action_noise_scale=values["action_noise_scale"],
+        warmup_masked_slots=tuple(values["warmup_masked_slots"]),
     )
 
 

@@ -654,6 +654,15 @@ INFERENCE: tuple[ParamSpec, ...] = (
         "bool",
     ),
     ParamSpec(
+        "warmup_masked_slots",
+        [],
+        "image slots that may be masked (a camera absent or stale): the warm-up compiles the "
+        "prefill for every subset of them masked (a masked slot is not encoded); any other "
+        "pattern compiles on first use, warned",
+        "str_list",
+        check=unique_names_or_none,
+    ),
+    ParamSpec(
         "autostart",
         True,
         "drive the lifecycle to active at start (configure: load and compile; activate: the "

@@ -17,7 +17,7 @@ from openpi.models import pi0 as openpi_pi0
 from openpi.models import pi0_config
 from openpi.shared import nnx_utils
 
-from oxygen_ros.engine import model_fns
+from oxygen_ros.engine import model_fns, openpi_reference
 from oxygen_ros.engine.config import get_model_config
 from oxygen_ros.engine.model import create_model
 from oxygen_ros.training import loss
@@ -126,7 +126,7 @@ def test_language_logits_equal_the_engines_uncached_reference(workcell_model) ->
     at = 0
     for length in SEGMENT_LENGTHS:
         text = batch.lang_tokens[:, at : at + length]
-        expected = jax.jit(model_fns.full_forward_logits, static_argnums=(0, 4))(
+        expected = jax.jit(openpi_reference.full_forward_logits, static_argnums=(0, 4))(
             workcell_model, inputs, text, jnp.ones_like(text, bool), VOCAB
         )
         np.testing.assert_allclose(
