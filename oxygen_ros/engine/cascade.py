@@ -24,7 +24,8 @@ Dense of the condition, the gate on both residuals), RoPE (max wavelength 10,000
 q scaled by head_dim^-0.5 after RoPE, grouped-query heads (`q_einsum`, `kv_einsum`), scores in
 float32 masked with openpi's finite big negative, softmax probabilities cast to the compute
 dtype before they weight v, the output projection, the tanh-approximated GELU-gated MLP,
-residuals after attention and MLP, the final norm, and the tied embedding as output head.
+residuals after attention and MLP, and the final norm (embedding and output head are the
+model's own, openpi's `Embedder`).
 Where the batch and the kv heads are one, each attention product is one 2D matmul (XLA:CPU's
 batched dot is about 3.5x slower). `test/engine/test_cascade.py` compares it with openpi's
 module.
@@ -56,11 +57,11 @@ class Dense(NamedTuple):
 
 
 class LlmParams(NamedTuple):
-    """One expert's parameters of openpi's two-expert Gemma, layers stacked on axis 0: the
-    prefix LLM (expert 0: plain RMSNorm scales, the embedding) or the action expert (expert 1:
-    adaRMS modulations, Dense layers of the condition, in place of the scales)."""
+    """One expert's layers of openpi's two-expert Gemma, stacked on axis 0, and its final
+    norm: the prefix LLM (expert 0: plain RMSNorm scales) or the action expert (expert 1:
+    adaRMS modulations, Dense layers of the condition, in place of the scales). Embedding and
+    output head stay the model's own (`Pi05Model.embed_tokens`, `.logits`)."""
 
-    embedding: Float[Array, "v d"] | None
     q: Float[Array, "l n d h"]
     kv: Float[Array, "l 2 k d h"]
     out: Float[Array, "l n h d"]
@@ -91,7 +92,6 @@ def llm_params(llm: nnx.Module, expert: int = 0) -> LlmParams:
 
     attn = layers["attn"]
     return LlmParams(
-        embedding=value(state["embedder"]["input_embedding"]) if expert == 0 else None,
         q=value(attn[f"q_einsum{suffix}"]["w"]),
         kv=value(attn[f"kv_einsum{suffix}"]["w"]),
         out=value(attn[f"attn_vec_einsum{suffix}"]["w"]),
@@ -103,10 +103,14 @@ def llm_params(llm: nnx.Module, expert: int = 0) -> LlmParams:
     )
 
 
-def rms_norm(x: Float[Array, "*n d"], scale: Float[Array, " d"]) -> Float[Array, "*n d"]:
+def _normalized(x: Float[Array, "*n d"]) -> Float[Array, "*n d"]:
+    """x / rms(x), the variance in float32 (the product in float32)."""
     variance = jnp.mean(jnp.square(x.astype(jnp.float32)), axis=-1, keepdims=True)
-    normed = x * jnp.reciprocal(jnp.sqrt(variance + RMS_EPS))
-    return (normed * (1 + scale)).astype(x.dtype)
+    return x * jnp.reciprocal(jnp.sqrt(variance + RMS_EPS))
+
+
+def rms_norm(x: Float[Array, "*n d"], scale: Float[Array, " d"]) -> Float[Array, "*n d"]:
+    return (_normalized(x) * (1 + scale)).astype(x.dtype)
 
 
 def norm(
@@ -119,9 +123,7 @@ def norm(
     dtype = x.dtype
     modulation = cond.astype(dtype) @ weights.kernel.astype(dtype) + weights.bias.astype(dtype)
     scale, shift, gate = jnp.split(modulation[:, None, :], 3, axis=-1)
-    variance = jnp.mean(jnp.square(x.astype(jnp.float32)), axis=-1, keepdims=True)
-    normed = x * jnp.reciprocal(jnp.sqrt(variance + RMS_EPS))
-    return (normed * (1 + scale) + shift).astype(dtype), gate
+    return (_normalized(x) * (1 + scale) + shift).astype(dtype), gate
 
 
 def _residual(x: Array, y: Array, gate: Array | None) -> Array:
@@ -135,20 +137,6 @@ def rope(x: Float[Array, "b q n h"], positions: Int[Array, "b q"]) -> Float[Arra
     sin, cos = jnp.sin(radians), jnp.cos(radians)
     x1, x2 = x[..., :half], x[..., half:]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
-
-
-def embed(params: LlmParams, tokens: Int[Array, "b q"], dtype: jnp.dtype) -> Float[Array, "b q d"]:
-    table = params.embedding
-    scale = jnp.sqrt(table.shape[-1]).astype(table.dtype)
-    return (table[tokens] * scale).astype(dtype)
-
-
-def logits(
-    params: LlmParams, hidden: Float[Array, "*n d"], vocab_size: int | None = None
-) -> Float[Array, "*n v"]:
-    """The tied-embedding head over the first `vocab_size` rows (None: all)."""
-    table = params.embedding if vocab_size is None else params.embedding[:vocab_size]
-    return jnp.dot(hidden, table.T)
 
 
 class _Part(NamedTuple):
@@ -253,6 +241,6 @@ def forward(
         x = _residual(x, jnp.dot(hidden, p.linear.astype(dtype)), gate)
         return x, (k, v)
 
-    layer_params = params._replace(embedding=None, final_norm=None)
+    layer_params = params._replace(final_norm=None)
     x, (new_k, new_v) = jax.lax.scan(layer, x, (layer_params, store_k, store_v, cache_k, cache_v))
     return norm(x, params.final_norm, cond)[0], new_k, new_v

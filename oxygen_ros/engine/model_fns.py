@@ -191,7 +191,7 @@ def extend(
     itself = jnp.eye(num_tail, dtype=bool)[None]  # padding sees itself: no empty softmax
     hidden, k, v = cascade.forward(
         params,
-        cascade.embed(params, tail_tokens, model.config.dtype),
+        model.embed_tokens(tail_tokens),
         positions,
         store.k,
         store.v,
@@ -201,7 +201,7 @@ def extend(
     )
     last = jnp.maximum(jnp.sum(tail_mask, axis=-1) - 1, 0)
     hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
-    return k, v, cascade.logits(params, hidden, vocab_size)
+    return k, v, model.logits(hidden, vocab_size)
 
 
 def decode_step(
@@ -228,7 +228,7 @@ def decode_step(
     batch, capacity = gen_k.shape[1], gen_k.shape[2]
     hidden, k, v = cascade.forward(
         params,
-        cascade.embed(params, tokens[:, None], model.config.dtype),
+        model.embed_tokens(tokens[:, None]),
         (_valid_len(store, slot_prefix) + gen_len)[:, None],
         store.k,
         store.v,
@@ -243,7 +243,7 @@ def decode_step(
     write_at = jnp.where(active, gen_len, capacity)  # out of range: dropped
     gen_k = gen_k.at[:, rows, write_at].set(k[:, :, 0], mode="drop")
     gen_v = gen_v.at[:, rows, write_at].set(v[:, :, 0], mode="drop")
-    return cascade.logits(params, hidden[:, 0], vocab_size), gen_k, gen_v
+    return model.logits(hidden[:, 0], vocab_size), gen_k, gen_v
 
 
 def _num_chunks(size: int) -> int:
