@@ -19,6 +19,15 @@ prefixes (continuous batching's steady state: one request admitted per frame) or
 (requests admitted together). `ratio_8_over_1` is the 8-active-row step over the 1-slot step.
 Each figure is the median over `--rounds` interleaved rounds of the median of `--runs` calls.
 
+`costs` (not run, parameters abstract): per decode step at the preset's and pi05's shapes, the
+analytic minimum (every weight matrix of the prefix LLM and the head rows read once; each row's
+visible prefix and generated k/v read once, a shared prefix once for all its rows; FLOPs of
+the weights and of the attention) and XLA's own counts of the compiled step (XLA counts a
+scanned layer's body once, so its figures cover one layer plus the head, and a gather's whole
+table: embedding 8 ids counts the 257,152-row table, see roofline.py). The minimum's
+8-over-1 ratio is the least any implementation's step can grow by at those shapes where it
+is bound by bytes (or FLOPs).
+
 Writes JSON (`--output`) and prints the table.
 
 Usage (repository root, after `source scripts/env.sh`):
@@ -45,10 +54,14 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))  # roofline (benchmarks/ is no package)
+
+import roofline  # noqa: E402
+
 from oxygen_ros.engine import model_fns, openpi_reference  # noqa: E402
-from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, get_model_config  # noqa: E402
-from oxygen_ros.engine.model import create_model, gemma_config  # noqa: E402
-from oxygen_ros.engine.model_fns import JitModel, Prefix  # noqa: E402
+from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, ModelConfig, get_model_config  # noqa: E402
+from oxygen_ros.engine.model import abstract_model, create_model, gemma_config  # noqa: E402
+from oxygen_ros.engine.model_fns import JitModel, Prefix, _compiled  # noqa: E402
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, Tokenizer  # noqa: E402
 
 SLOTS = 8  # the engine's default cache (CacheConfig)
@@ -173,6 +186,81 @@ def measure(preset: str, runs: int, rounds: int) -> dict[str, object]:
     }
 
 
+def _llm_weights(config: ModelConfig) -> tuple[float, float]:
+    """(parameters, bytes) of the prefix LLM's layer kernels (not the action expert's `_1`)."""
+    state = nnx.state(abstract_model(config), nnx.Param)
+    count = size_bytes = 0.0
+    for path, leaf in nnx.to_flat_state(state):
+        names = [str(p) for p in path]
+        value = leaf.get_value()
+        if "llm" not in names or "layers" not in names or len(value.shape) < 2:
+            continue
+        if any(n.endswith("_1") for n in names):
+            continue
+        count += float(np.prod(value.shape))
+        size_bytes += float(np.prod(value.shape)) * np.dtype(value.dtype).itemsize
+    return count, size_bytes
+
+
+def minimum(config: ModelConfig, rows: int, prefixes: int, vocab: int) -> dict[str, float]:
+    """Least bytes and FLOPs of one decode step: `rows` active rows reading `prefixes` stored
+    prefixes (40 masked positions, as measured) and FED generated entries each."""
+    llm = gemma_config(config.paligemma_variant)
+    params, weight_bytes = _llm_weights(config)
+    itemsize = np.dtype(config.dtype).itemsize
+    per_token_kv = 2.0 * llm.depth * llm.num_kv_heads * llm.head_dim * itemsize
+    visible = config.prefix_len - 40
+    head_bytes = float(vocab) * llm.width * itemsize
+    kv_bytes = per_token_kv * (prefixes * visible + rows * (FED + 1))
+    attention = 4.0 * rows * (visible + FED + 1) * llm.num_heads * llm.head_dim * llm.depth
+    return {
+        "bytes": weight_bytes + head_bytes + kv_bytes,
+        "weight_bytes": weight_bytes + head_bytes,
+        "kv_bytes": kv_bytes,
+        "flops": 2.0 * rows * (params + vocab * llm.width) + attention,
+    }
+
+
+def costs(preset: str, tokenizer_rows: int) -> dict[str, object]:
+    """Analytic minimum and XLA's counts of the greedy decode step, 1-slot vs 8-slot."""
+    config = get_model_config(preset)
+    fns = _compiled(config)
+    leaves = [
+        jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
+        for leaf in jax.tree.leaves(nnx.state(abstract_model(config)))
+    ]
+    llm = gemma_config(config.paligemma_variant)
+    out: dict[str, object] = {}
+    for head, vocab in (("tokenizer", tokenizer_rows), ("full", None)):
+        rows_vocab = vocab or PALIGEMMA_VOCAB_SIZE
+        entry: dict[str, object] = {}
+        for slots in (1, SLOTS):
+            kv = (llm.depth, slots, config.prefix_len, llm.num_kv_heads, llm.head_dim)
+            cache = (llm.depth, slots, GEN_LEN, llm.num_kv_heads, llm.head_dim)
+            dtype = jnp.dtype(config.dtype)
+            ints = jax.ShapeDtypeStruct((slots,), jnp.int32)
+            store = Prefix(
+                jax.ShapeDtypeStruct(kv, dtype),
+                jax.ShapeDtypeStruct(kv, dtype),
+                jax.ShapeDtypeStruct((slots, config.prefix_len), jnp.bool_),
+            )
+            lowered = fns.decode_sample.lower(
+                leaves, store, ints, jax.ShapeDtypeStruct(cache, dtype),
+                jax.ShapeDtypeStruct(cache, dtype), ints, ints,
+                jax.ShapeDtypeStruct((slots,), jnp.bool_),
+                jax.ShapeDtypeStruct((slots,), jnp.float32), ints, ints, vocab, False,
+            )  # fmt: skip
+            entry[f"xla_{slots}_slot"] = roofline.cost(lowered)
+        for name, rows, prefixes in (("one_row", 1, 1), ("distinct_8", 8, 8), ("shared_8", 8, 1)):
+            entry[f"minimum_{name}"] = minimum(config, rows, prefixes, rows_vocab)
+        for layout in ("distinct_8", "shared_8"):
+            for unit in ("bytes", "flops"):
+                ratio = entry[f"minimum_{layout}"][unit] / entry["minimum_one_row"][unit]
+                entry[f"minimum_{layout}_over_1_{unit}"] = ratio
+        out[head] = {"lm_head_rows": rows_vocab, **entry}
+    return out
+
+
 def print_table(result: dict[str, object]) -> None:
     print(f"decode step (ms), {result['preset']}, rows 1..{result['slots']} of {result['slots']}")
     for head, entry in result["heads"].items():
@@ -184,6 +272,15 @@ def print_table(result: dict[str, object]) -> None:
                     f"{head:9s} {name:6s} {layout:8s} 1-slot {row['one_slot_s'] * 1e3:6.2f} | "
                     f"{steps} | 8/1 {row[f'{layout}_ratio_8_over_1']:.2f}"
                 )
+    for preset, heads in result.get("costs", {}).items():
+        for head, entry in heads.items():
+            print(
+                f"minimum 8/1, {preset} {head}: distinct bytes "
+                f"{entry['minimum_distinct_8_over_1_bytes']:.2f} flops "
+                f"{entry['minimum_distinct_8_over_1_flops']:.2f}; shared bytes "
+                f"{entry['minimum_shared_8_over_1_bytes']:.2f} flops "
+                f"{entry['minimum_shared_8_over_1_flops']:.2f}"
+            )
 
 
 def main() -> None:
@@ -194,6 +291,10 @@ def main() -> None:
     parser.add_argument("--output", type=pathlib.Path, default=None)
     args = parser.parse_args()
     result = measure(args.preset, args.runs, args.rounds)
+    tokenizer_rows = Tokenizer(BUNDLED_TOKENIZER_PATH).vocab_size
+    result["costs"] = {
+        preset: costs(preset, tokenizer_rows) for preset in dict.fromkeys((args.preset, "pi05"))
+    }
     print_table(result)
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)

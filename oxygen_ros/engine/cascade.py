@@ -26,8 +26,9 @@ float32 masked with openpi's finite big negative, softmax probabilities cast to 
 dtype before they weight v, the output projection, the tanh-approximated GELU-gated MLP,
 residuals after attention and MLP, and the final norm (embedding and output head are the
 model's own, openpi's `Embedder`).
-Where the batch and the kv heads are one, each attention product is one 2D matmul (XLA:CPU's
-batched dot is about 3.5x slower). `test/engine/test_cascade.py` compares it with openpi's
+With one kv head (every openpi Gemma) each attention product is a 3-axis batched dot over the
+rows (XLA:CPU runs the 5-axis form about 2x slower) and, for one row, one 2D matmul (the
+batched dot is about 3.5x slower still). `test/engine/test_cascade.py` compares it with openpi's
 module.
 
 Axes: L layers, B rows, Q new tokens per row, P stored prefixes, S prefix length, T generated
@@ -154,9 +155,12 @@ def _part(
     visible: Bool[Array, "b q s"],
 ) -> _Part:
     batch, kv_heads, groups, queries, _ = q.shape
-    if batch * kv_heads == 1:  # one 2D matmul: XLA:CPU's batched dot is ~3.5x slower here
-        q2 = q.reshape(groups * queries, q.shape[-1])
-        scores = jnp.dot(q2, k[0, :, 0].T, preferred_element_type=jnp.float32)
+    if kv_heads == 1:  # 3-axis products: XLA:CPU's 5-axis batched dot is ~2x slower
+        q3 = q.reshape(batch, groups * queries, q.shape[-1])
+        if batch == 1:  # one 2D matmul: XLA:CPU's batched dot is ~3.5x slower still
+            scores = jnp.dot(q3[0], k[0, :, 0].T, preferred_element_type=jnp.float32)[None]
+        else:
+            scores = jnp.einsum("bgh,bsh->bgs", q3, k[:, :, 0], preferred_element_type=jnp.float32)
         scores = scores.reshape(q.shape[:-1] + k.shape[1:2])
     else:
         scores = jnp.einsum("bkgqh,bskh->bkgqs", q, k, preferred_element_type=jnp.float32)
@@ -164,9 +168,14 @@ def _part(
     scores = jnp.where(visible, scores, BIG_NEG)
     top = jnp.max(scores, axis=-1)
     weights = jnp.where(visible, jnp.exp(scores - top[..., None]), 0.0)
-    if batch * kv_heads == 1:
-        flat = weights.astype(v.dtype).reshape(groups * queries, k.shape[1])
-        weighted = jnp.dot(flat, v[0, :, 0], preferred_element_type=jnp.float32)
+    if kv_heads == 1:
+        flat = weights.astype(v.dtype).reshape(batch, groups * queries, k.shape[1])
+        if batch == 1:
+            weighted = jnp.dot(flat[0], v[0, :, 0], preferred_element_type=jnp.float32)[None]
+        else:
+            weighted = jnp.einsum(
+                "bgs,bsh->bgh", flat, v[:, :, 0], preferred_element_type=jnp.float32
+            )
         weighted = weighted.reshape(q.shape)
     else:
         weighted = jnp.einsum(
