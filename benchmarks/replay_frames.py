@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--frames", required=True, help="closed_loop --record-frames DIR")
-    parser.add_argument("--checkpoint", default="package://oxygen_ros/models/workcell")
+    parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--out", default="", help="JSON path (default <frames>/replay.json)")
     data.add_object_state_argument(parser)  # as the checkpoint was trained
     args = parser.parse_args(argv)

@@ -113,7 +113,7 @@ class Bench:
 
         from oxygen_ros import graph
         from oxygen_ros.msg import ActionChunk, SpeechToken
-        from oxygen_ros.nodes.runtime import LATCHED_QOS, RELIABLE_QOS, SPEECH_QOS
+        from oxygen_ros.nodes.common.runtime import LATCHED_QOS, RELIABLE_QOS, SPEECH_QOS
 
         self.args = args
         self.workdir = workdir
@@ -202,7 +202,7 @@ class Bench:
             self.speech.append((self.now(), msg))
 
     def _on_diagnostics(self, msg) -> None:
-        from oxygen_ros.nodes.conversions import diagnostic_values
+        from oxygen_ros.nodes.common.conversions import diagnostic_values
 
         for status in msg.status:
             if status.name.endswith(": inference"):

@@ -11,7 +11,8 @@ estimate hardly depends on the noisy sample there (its vector-Jacobian product i
 the guidance has little to act on.
 
 Usage: `python benchmarks/rtc_effect.py --checkpoint models/workcell_run7 --preset
-workcell_objects --seeds 0:5 [--out FILE]` (the workcell_objects preset adds the cube state).
+workcell_objects --seeds 0:5 [--out FILE]` (the workcell_objects preset adds the cube state; run
+7 is in git history, models/README.md).
 """
 
 from __future__ import annotations

@@ -137,7 +137,8 @@ def topic_names(params_file: str) -> dict[str, str]:
     from the YAML (defaults from the declarations)."""
     import yaml
 
-    from oxygen_ros.nodes.params import INFERENCE, WORKCELL_SIM
+    from oxygen_ros.nodes.inference.params import INFERENCE
+    from oxygen_ros.nodes.workcell.params import WORKCELL_SIM
 
     inference = {s.name: s.default for s in INFERENCE if s.name.endswith("_topic")}
     status = {s.name: s.default for s in WORKCELL_SIM if s.name == "episode_status_topic"}
@@ -162,8 +163,13 @@ class ConsoleView:
         from rclpy.signals import SignalHandlerOptions
 
         from oxygen_ros.msg import ActionChunk, EpisodeStatus, MemoryEntry, SpeechToken
-        from oxygen_ros.nodes.engine_bridge import RateMeter
-        from oxygen_ros.nodes.runtime import LATCHED_QOS, RELIABLE_QOS, SPEECH_QOS, latched_qos
+        from oxygen_ros.nodes.common.runtime import (
+            LATCHED_QOS,
+            RELIABLE_QOS,
+            SPEECH_QOS,
+            latched_qos,
+        )
+        from oxygen_ros.nodes.inference.engine_bridge import RateMeter
 
         self.context = rclpy.Context()
         rclpy.init(  # args=[]: the launch arguments in sys.argv are not ROS arguments
@@ -232,7 +238,7 @@ class ConsoleView:
             self.episode = msg
 
     def _on_diagnostics(self, msg) -> None:
-        from oxygen_ros.nodes.conversions import diagnostic_values
+        from oxygen_ros.nodes.common.conversions import diagnostic_values
 
         with self._lock:
             for status in msg.status:

@@ -108,14 +108,14 @@ class NodeSpec:
 NODES: tuple[NodeSpec, ...] = (
     NodeSpec(
         "sim_sensors_node",
-        "oxygen_ros.nodes.sim_sensors_node",
+        "oxygen_ros.nodes.humanoid.sim_sensors_node",
         "sim_sensors",
         sim_only=True,
         profiles=("humanoid",),
     ),
     NodeSpec(
         "workcell_sim_node",
-        "oxygen_ros.nodes.workcell_sim_node",
+        "oxygen_ros.nodes.workcell.workcell_sim_node",
         "workcell_sim",
         sim_only=True,
         overridable=("real_time_factor", "next_episode_after_s"),
@@ -124,20 +124,20 @@ NODES: tuple[NodeSpec, ...] = (
     # model_preset reaches perception too: it converts images to the preset's resolution.
     NodeSpec(
         "perception_node",
-        "oxygen_ros.nodes.perception_node",
+        "oxygen_ros.nodes.perception.perception_node",
         "perception",
         overridable=("model_preset",),
     ),
     NodeSpec(
         "inference_node",
-        "oxygen_ros.nodes.inference_node",
+        "oxygen_ros.nodes.inference.inference_node",
         "inference",
         overridable=("model_preset", "checkpoint_dir"),
         policy="model",
     ),
     NodeSpec(
         "expert_node",
-        "oxygen_ros.nodes.expert_node",
+        "oxygen_ros.nodes.workcell.expert_node",
         "expert",
         profiles=("workcell",),
         policy="expert",

@@ -137,7 +137,7 @@ class Recorder:
         from rclpy.signals import SignalHandlerOptions
 
         from oxygen_ros.msg import EpisodeStatus
-        from oxygen_ros.nodes.runtime import latched_qos
+        from oxygen_ros.nodes.common.runtime import latched_qos
         from oxygen_ros.srv import ResetEpisode
 
         self.context = rclpy.Context()
@@ -228,7 +228,7 @@ def check_children(children: Sequence[bringup.Child]) -> None:
 
 def run(args: argparse.Namespace, stop: threading.Event) -> int:
     from oxygen_ros.msg import EpisodeStatus
-    from oxygen_ros.nodes.expert_recording import next_episode_index
+    from oxygen_ros.nodes.workcell.expert_recording import next_episode_index
     from oxygen_ros.sim.recorder import episode_path
 
     out = Path(args.out).expanduser().resolve()

@@ -146,10 +146,18 @@ BUNDLED = {
 ARCHIVE = "wheels.tar.xz"
 LZMA_PRESET = 2  # 40 s for both Pythons on 2 cores; preset 6 saves 4 MiB more in 2 min
 ENGINE_DIST = "oxygen-ros-engine"  # setup.py's wheel: oxygen_ros.engine only
-# benchmarks/gpu_bench.py loads these by path from its own folder.
+# benchmarks/gpu_bench.py and the pieces it imports or loads from its own folder
+# (test_gpu_bundle checks this is their closure).
 BENCHMARK_FILES = (
     "gpu_bench.py",
+    "gpu_bench_budget.py",
+    "gpu_bench_report.py",
+    "gpu_bench_run.py",
     "oxygen_bench.py",
+    "oxygen_bench_components.py",
+    "oxygen_bench_metrics.py",
+    "oxygen_bench_protocol.py",
+    "oxygen_bench_report.py",
     "openpi_equality.py",
     "roofline.py",
     "full_vocab.py",

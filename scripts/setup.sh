@@ -84,6 +84,9 @@ if [ "$(cat "$BUILD/.oxygen_build_hash" 2>/dev/null)" != "$build_hash" ] \
       -DCMAKE_BUILD_TYPE=Release >"$BUILD/colcon_build.log" 2>&1 \
       || { tail -n 60 "$BUILD/colcon_build.log" >&2; exit 1; }
   )
+  # --symlink-install links each source file; a file moved or deleted in the source tree
+  # leaves a dangling link (an old module path that still "exists" in the install space).
+  find "$WS/install/oxygen_ros" -xtype l -delete
   echo "$build_hash" >"$BUILD/.oxygen_build_hash"
 fi
 log "ready: source scripts/env.sh to use the install space"

@@ -175,4 +175,4 @@ def test_the_inference_node_imports_without_jax() -> None:
     checkpoint before configuring (`checkpoint_assets`), import no JAX, flax or openpi."""
     assert _loads_jax("oxygen_ros.engine.checkpoint")  # positive control: the loader does
     assert not _loads_jax("oxygen_ros.engine.checkpoint_assets")
-    assert not _loads_jax("oxygen_ros.nodes.inference_node")
+    assert not _loads_jax("oxygen_ros.nodes.inference.inference_node")

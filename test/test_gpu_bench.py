@@ -1,6 +1,7 @@
 """benchmarks/gpu_bench.py: the not-run path on a machine without an accelerator, the same code
 path on the CPU with the tiny preset (`--force-cpu-smoke`, one run shared by its tests), its
-budget (the trimming rules, and a budget that runs out), `--plot-from`, and the openpi
+budget (the trimming rules of gpu_bench_budget.py, and a budget that runs out), its report
+(gpu_bench_report.py: the last line, no matplotlib), `--plot-from`, and the openpi
 equality's negative control (benchmarks/openpi_equality.py). Its full-vocabulary tokenizer
 (benchmarks/full_vocab.py) is tested in test_benchmark_tools.py."""
 
@@ -42,8 +43,15 @@ STAGES = (
 
 
 @pytest.fixture(scope="module")
-def gpu_bench():
-    return load_benchmark("gpu_bench")
+def budget():
+    """benchmarks/gpu_bench_budget.py: the setting, stage times and the trimming rules."""
+    return load_benchmark("gpu_bench_budget")
+
+
+@pytest.fixture(scope="module")
+def report(budget):
+    """benchmarks/gpu_bench_report.py: the JSON, the printed summary, the plot."""
+    return load_benchmark("gpu_bench_report")
 
 
 def _run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -188,19 +196,19 @@ def test_a_budget_that_runs_out_still_writes_the_json_in_time(tmp_path: Path) ->
     assert "INCOMPLETE: the budget (10.0 s) ran out" in proc.stdout
 
 
-def test_frames_are_trimmed_before_the_deadline_143ms_run(gpu_bench) -> None:
+def test_frames_are_trimmed_before_the_deadline_143ms_run(budget) -> None:
     costs = {"isolated": (0.0, 1.0), "cb_k5": (2.0, 1.0), "deadline_143ms": (0.0, 2.0)}
-    safety = gpu_bench.SAFETY
+    safety = budget.SAFETY
     # Plenty of time: everything requested.
-    assert gpu_bench.choose_frames(1e6, costs, 100, 20) == (100, True)
-    assert gpu_bench.choose_frames(float("inf"), costs, 100, 20) == (100, True)
+    assert budget.choose_frames(1e6, costs, 100, 20) == (100, True)
+    assert budget.choose_frames(float("inf"), costs, 100, 20) == (100, True)
     # Time for 30 frames of all three: fewer frames, the deadline_143ms run kept.
-    assert gpu_bench.choose_frames(safety * (2 + 30 * 4) + 1e-6, costs, 100, 20) == (30, True)
+    assert budget.choose_frames(safety * (2 + 30 * 4) + 1e-6, costs, 100, 20) == (30, True)
     # 15 frames with it, 30 without: it goes, and the frames the others fit are run.
-    assert gpu_bench.choose_frames(safety * (2 + 30 * 2) + 1e-6, costs, 100, 20) == (30, False)
+    assert budget.choose_frames(safety * (2 + 30 * 2) + 1e-6, costs, 100, 20) == (30, False)
     # Not even the minimum without it: what fits (the caller marks the run incomplete).
-    assert gpu_bench.choose_frames(safety * (2 + 5 * 2) + 1e-6, costs, 100, 20) == (5, False)
-    assert gpu_bench.choose_frames(1.0, costs, 100, 20) == (0, False)
+    assert budget.choose_frames(safety * (2 + 5 * 2) + 1e-6, costs, 100, 20) == (5, False)
+    assert budget.choose_frames(1.0, costs, 100, 20) == (0, False)
 
 
 def _runner(wall_s: list[float], tokens: list[int]) -> SimpleNamespace:
@@ -212,35 +220,35 @@ def _runner(wall_s: list[float], tokens: list[int]) -> SimpleNamespace:
     return SimpleNamespace(frames=frames)
 
 
-def test_method_costs_come_from_the_warmup_frames(gpu_bench) -> None:
+def test_method_costs_come_from_the_warmup_frames(budget) -> None:
     runners = [
         _runner([9.0, 1.0, 3.0], [30, 30, 30]),  # first frame dropped: mean 2 s
         _runner([9.0, 1.0, 1.0], [5, 30, 30]),  # serves M per frame: drains M / 30 = 1 frame
         _runner([9.0, 2.0, 2.0], [1, 10, 10]),  # serves 10 of 30: 2 drain frames per frame
     ]
-    costs = gpu_bench.method_costs(runners, ["isolated", "cb_k5", "deadline_143ms"], 30, 3)
+    costs = budget.method_costs(runners, ["isolated", "cb_k5", "deadline_143ms"], 30, 3)
     assert costs["isolated"] == pytest.approx((0.0, 2.0))
     assert costs["cb_k5"] == pytest.approx((1.0, 1.0))
     # 3 frames to drain one request's 30 tokens, plus 2 per warm-up frame's backlog.
     assert costs["deadline_143ms"] == pytest.approx(((3 + 2 * 3) * 2.0, 3 * 2.0))
 
 
-def test_rest_estimate_scales_with_compile_and_frame_time(gpu_bench) -> None:
+def test_rest_estimate_scales_with_compile_and_frame_time(budget) -> None:
     fast = {"ours_first_s": 1.0, "ours_second_s": 0.01}
     slow_compile = {"ours_first_s": 11.0, "ours_second_s": 0.01}
     slow_frames = {"ours_first_s": 1.09, "ours_second_s": 0.1}
-    base = gpu_bench.rest_estimate(fast, 30, 3)
-    assert gpu_bench.rest_estimate(slow_compile, 30, 3) == pytest.approx(
-        base + gpu_bench.SAFETY * gpu_bench.COMPILE_FACTOR * 10.0
+    base = budget.rest_estimate(fast, 30, 3)
+    assert budget.rest_estimate(slow_compile, 30, 3) == pytest.approx(
+        base + budget.SAFETY * budget.COMPILE_FACTOR * 10.0
     )
-    assert gpu_bench.rest_estimate(slow_frames, 30, 3) > 4 * base
-    assert gpu_bench.rest_estimate(fast, 60, 3) > base
-    assert gpu_bench.rest_estimate(fast, 30, 10) > base
+    assert budget.rest_estimate(slow_frames, 30, 3) > 4 * base
+    assert budget.rest_estimate(fast, 60, 3) > base
+    assert budget.rest_estimate(fast, 30, 10) > base
 
 
-def test_last_line_of_a_run_that_stopped_early(gpu_bench) -> None:
+def test_last_line_of_a_run_that_stopped_early(report) -> None:
     document = {"device": "NVIDIA H100 80GB HBM3", "openpi_equal": False, "complete": False}
-    line = gpu_bench.last_line({**document, "headline": None, "seventy_hz": None})
+    line = report.last_line({**document, "headline": None, "seventy_hz": None})
     assert LAST_LINE.match(line), line
     assert line == (
         "gpu_bench device=NVIDIA_H100_80GB_HBM3 action_hz=nan tokens_per_s=nan "
@@ -249,11 +257,11 @@ def test_last_line_of_a_run_that_stopped_early(gpu_bench) -> None:
 
 
 def test_without_matplotlib_there_is_no_png_and_a_line_says_so(
-    gpu_bench, monkeypatch, tmp_path: Path, capsys
+    report, monkeypatch, tmp_path: Path, capsys
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     png = tmp_path / "r.png"
-    assert gpu_bench.plot({"device": "cpu", "results": []}, png) is False
+    assert report.plot({"device": "cpu", "results": []}, png) is False
     assert not png.exists()
     assert "matplotlib not importable: no r.png" in capsys.readouterr().out
 

@@ -6,6 +6,7 @@ from there, so a module the bundle lacks fails the run."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -179,6 +180,37 @@ def test_a_host_without_jax_is_refused_with_the_reason(bundle: Path, tmp_path: P
     absent = proc.stderr.removeprefix(reason).strip().split(", ")
     assert {"jax", "jaxlib", "torch", "transformers"} <= set(absent)
     assert not (tmp_path / "scratch").exists()  # refused before anything was unpacked
+
+
+def test_the_bundle_carries_every_module_beside_gpu_bench_that_it_loads() -> None:
+    """BENCHMARK_FILES is the closure of benchmarks/gpu_bench.py over the benchmarks/ modules
+    it imports or loads by name (`load_module("...")`): a piece left out would fail only on
+    the host (the slow test above runs the bundle)."""
+    bench = ROOT / "benchmarks"
+    local = {path.stem for path in bench.glob("*.py")}
+    seen: set[str] = set()
+    todo = ["gpu_bench"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for node in ast.walk(ast.parse((bench / f"{name}.py").read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) == "load_module"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                names = [str(node.args[0].value)]
+            else:
+                continue
+            todo += [n for n in names if n in local]
+    assert sorted(f"{name}.py" for name in seen) == sorted(gpu_bundle.BENCHMARK_FILES)
 
 
 def _manifest(*wheels: tuple[str, str, list[str]]) -> dict:

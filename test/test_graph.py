@@ -77,7 +77,7 @@ def test_workcell_profile_starts_its_simulator_and_the_chosen_policy(tmp_path) -
     assert all(Path(n.params_file).name == "workcell.yaml" for n in nodes)
     nodes = graph.resolve({"profile": "workcell", "use_sim": "true", "real_time_factor": "0.3"})
     assert [n.spec.name for n in nodes] == ["workcell_sim", "perception", "inference"]
-    assert nodes[0].spec.module == "oxygen_ros.nodes.workcell_sim_node"
+    assert nodes[0].spec.module == "oxygen_ros.nodes.workcell.workcell_sim_node"
     assert nodes[0].overrides == {"real_time_factor": 0.3}  # a float parameter, not a string
     assert nodes[0].ros_arguments(tmp_path)[-2:] == [
         "--params-file",
@@ -97,7 +97,7 @@ def test_workcell_profile_starts_its_simulator_and_the_chosen_policy(tmp_path) -
     )
     assert [n.spec.name for n in expert] == ["workcell_sim", "perception", "expert"]
     assert expert[2].spec.executable == "expert_node"
-    assert expert[2].spec.module == "oxygen_ros.nodes.expert_node"
+    assert expert[2].spec.module == "oxygen_ros.nodes.workcell.expert_node"
     assert [n.overrides for n in expert] == [{}, {"model_preset": "pi05"}, {}]
 
 

@@ -1,5 +1,5 @@
 """benchmarks/replay_frames.py end to end: recorded frames served to a real engine built from
-the shipped run-36 checkpoint, the state put back in the checkpoint's order, and agreement
+the shipped run-38 checkpoint, the state put back in the checkpoint's order, and agreement
 counted against the engine's own greedy words."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from oxygen_ros.perception import workcell_cubes
 from oxygen_ros.sim import robot
 from oxygen_ros.training import data, train
 
-CHECKPOINT = Path(__file__).resolve().parents[1] / "models" / "workcell_run36"
+CHECKPOINT = Path(__file__).resolve().parents[1] / "models" / "workcell_run38"
 INSTRUCTION = "pick up the red cube with the left arm"
 
 
@@ -27,7 +27,7 @@ def _frames(rng: np.random.Generator, resolution: tuple[int, int]):
     """Two ObservationFrame messages whose state names run in reverse of the checkpoint's
     order, and the canonical (checkpoint-order) state, images and masks of each."""
     from oxygen_ros.msg import ObservationFrame
-    from oxygen_ros.nodes.conversions import rgb_image_msg, seconds_to_time
+    from oxygen_ros.nodes.common.conversions import rgb_image_msg, seconds_to_time
 
     names = [*robot.JOINT_NAMES, *workcell_cubes.TARGET_STATE_NAMES]
     slots = ["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"]
@@ -51,9 +51,8 @@ def _frames(rng: np.random.Generator, resolution: tuple[int, int]):
     return messages, canonical, slots
 
 
-@pytest.mark.skipif(not CHECKPOINT.is_dir(), reason="models/workcell_run36 not in this checkout")
 def test_replay_serves_recorded_frames_in_checkpoint_order(tmp_path, monkeypatch) -> None:
-    closed_loop = load_benchmark("closed_loop")
+    closed_loop = load_benchmark("closed_loop_evaluator")  # save_frames
     replay = load_benchmark("replay_frames")
     preset = data.model_preset("", "target")
     engine = Engine(

@@ -37,41 +37,40 @@ Invariants:
 - Without a checkpoint the model is randomly initialised and a warning says outputs are
   meaningless.
 - Not thread-safe: one thread calls `add_request`, `abort`, `step` and `stats`.
+
+The engine's jobs, one file each: this file builds the engine and plans a frame (inputs,
+prefill, denoise, actions handed off, then the language work and the frame's timings);
+`inputs.py` turns an observation into the model's inputs; `language_path.py` (`LanguagePath`,
+mixed in) holds the request API, the language work of a frame and the outputs; `warmup.py`
+(`Warmup`, mixed in) compiles everything before serving.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
-from openpi.shared import image_tools
 
 from oxygen_ros.engine import compiles, prompts
 from oxygen_ros.engine.checkpoint import Normalizer, NormStats, load_norm_stats, load_params
 from oxygen_ros.engine.checkpoint_assets import load_delta_action_mask
 from oxygen_ros.engine.chunk_guide import ChunkGuide
 from oxygen_ros.engine.config import PALIGEMMA_VOCAB_SIZE, EngineConfig
-from oxygen_ros.engine.detokenizer import IncrementalDetokenizer, find_anchor_id
+from oxygen_ros.engine.detokenizer import find_anchor_id
+from oxygen_ros.engine.inputs import observation_to_inputs
 from oxygen_ros.engine.kv_cache import KVCacheLayout, LanguageKVCache
+from oxygen_ros.engine.language_path import FramePhases, LanguagePath, LiveRequest
 from oxygen_ros.engine.model import Pi05Model, create_model, gemma_config
 from oxygen_ros.engine.model_fns import JitModel, Prefix, PrefixInputs, valid_slots_of
-from oxygen_ros.engine.requests import Request
 from oxygen_ros.engine.runner import Runner
-from oxygen_ros.engine.scheduler import (
-    FrameCosts,
-    FrameSchedule,
-    FrameScheduler,
-    RefuseReason,
-)
-from oxygen_ros.engine.tokenizer import Tokenizer, load_tokenizer
+from oxygen_ros.engine.scheduler import FrameCosts, FrameScheduler
+from oxygen_ros.engine.tokenizer import load_tokenizer
 from oxygen_ros.engine.types import (
     ActionResult,
-    AddResult,
     EngineStats,
     FrameResult,
     FrameTimings,
@@ -81,6 +80,7 @@ from oxygen_ros.engine.types import (
     RequestOutput,
     RequestStatus,
 )
+from oxygen_ros.engine.warmup import Warmup
 
 logger = logging.getLogger("oxygen_ros.engine")
 
@@ -96,69 +96,13 @@ class Counters:
     num_generated_tokens: int = 0
 
 
-def observation_to_inputs(
-    observation: Observation,
-    image_keys: Sequence[str],
-    resolution: tuple[int, int],
-    tokenizer: Tokenizer,
-    normalizer: Normalizer,
-    max_token_len: int,
-) -> PrefixInputs:
-    """Robot observation -> batch-1 model inputs (openpi's pi0.5 input transforms).
-
-    Images are resized with pad (openpi `resize_with_pad`) if needed, then mapped from uint8
-    to [-1, 1]; a missing slot is a black image with mask False. The state is normalised and
-    written into the prompt (pi0.5 discrete state).
-    """
-    images, masks = {}, {}
-    for key in image_keys:
-        image = observation.images.get(key)
-        if image is None:
-            image = np.zeros((*resolution, 3), np.uint8)
-            valid = False
-        else:
-            valid = bool(observation.image_masks.get(key, True))
-        image = np.asarray(image)
-        if image.dtype != np.uint8:
-            raise ValueError(f"image {key!r} must be uint8 [h, w, 3], got {image.dtype}")
-        if image.shape[:2] != tuple(resolution):
-            image = np.asarray(image_tools.resize_with_pad(image, *resolution))
-        images[key] = (image.astype(np.float32) / 255.0 * 2.0 - 1.0)[None]
-        masks[key] = np.array([valid])
-    state = normalizer.normalize_state(np.asarray(observation.state, np.float32))
-    tokens, token_mask = prompts.tokenize_action_prompt(
-        tokenizer, observation.prompt, state, max_token_len
-    )
-    return PrefixInputs(images, masks, tokens[None], token_mask[None])
-
-
-@dataclasses.dataclass
-class _Live:
-    """Engine-side state of a request not yet reported finished."""
-
-    request: Request
-    detokenizer: IncrementalDetokenizer
-    order: int  # submission order; outputs of one frame are sorted by it
-
-
-@dataclasses.dataclass
-class _FramePhases:
-    """Seconds and decode-step measurements accumulated during one frame."""
-
-    prefill_s: float = 0.0
-    denoise_s: float = 0.0
-    extend_s: float = 0.0
-    decode_s: float = 0.0
-    extend_measured: bool = False
-    decode_steps: list[tuple[int, float]] = dataclasses.field(default_factory=list)
-
-
 _MODES = ("isolated", "shared_kv", "continuous")
-_FINAL_STATUS_MEMORY = 1024  # finished ids whose status `request_status` still answers
 
 
-class Engine:
-    """pi0.5 frames with language requests: `add_request` / `abort` / `step` / `stats`."""
+class Engine(LanguagePath, Warmup):
+    """pi0.5 frames with language requests: `add_request` / `abort` / `step` / `stats`
+    (`add_request`, `abort`, `request_status`, `queue_position`: `LanguagePath`; `warmup`:
+    `Warmup`)."""
 
     def __init__(
         self,
@@ -227,7 +171,7 @@ class Engine:
         self._counters = Counters()
         self._next_request = 0
         self._next_order = 0
-        self._live: dict[str, _Live] = {}
+        self._live: dict[str, LiveRequest] = {}
         self._refused_early: list[tuple[int, RequestOutput]] = []  # never reached the queue
         self._final_status: collections.OrderedDict[str, RequestStatus] = collections.OrderedDict()
         self._last_timings: FrameTimings | None = None
@@ -292,72 +236,6 @@ class Engine:
         return self.config.action_noise_scale * rng.standard_normal(shape, dtype=np.float32)
 
     # ----------------------------------------------------------------------------------------
-    # Requests.
-
-    def add_request(self, request: LanguageRequest, now: float | None = None) -> AddResult:
-        """Queues a language request (WAITING) or refuses it with a reason.
-
-        Refused when the bounded queue is full (a better-priority newcomer displaces the
-        worst waiting request instead, which is then refused), when its tail plus max_tokens
-        can never fit a cache slot, when max_tokens < 1, or when a live request has its id.
-        Its final `RequestOutput` (REFUSED) comes with the next `step`.
-
-        Args:
-            request: the request; `request_id` None gets "<kind>-<n>".
-            now: seconds on `time.perf_counter`'s clock (arrival time); None: now.
-        """
-        now = time.perf_counter() if now is None else now
-        request_id = request.request_id or f"{request.kind.value}-{self._next_request}"
-        self._next_request += 1
-        order = self._next_order
-        self._next_order += 1
-        task = self.config.prompt.task(request.kind)
-        max_tokens = task.max_tokens if request.max_tokens is None else request.max_tokens
-        if max_tokens < 1:
-            return self._refuse_early(
-                request, request_id, order, f"max_tokens must be >= 1, got {max_tokens}"
-            )
-        if request_id in self._live:
-            return self._refuse_early(request, request_id, order, RefuseReason.DUPLICATE_ID.value)
-        state = Request.from_language_request(
-            request,
-            request_id=request_id,
-            prompt_token_ids=self._tails[request.kind],
-            default_max_tokens=task.max_tokens,
-            default_priority=task.priority,
-            eos_token_ids=() if request.ignore_eos else (self.tokenizer.eos_id,),
-            arrival_time=now,
-        )
-        reason = self.scheduler.add_request(state, now)
-        if reason is RefuseReason.TOO_LONG:
-            state.error = (
-                f"{reason.value}: tail + max_tokens - 1 = {state.seq_len} exceeds cache "
-                f"max_seq_len={self.cache.max_seq_len}"
-            )
-        detokenizer = IncrementalDetokenizer(self.tokenizer.processor, anchor_id=self._anchor_id)
-        self._live[request_id] = _Live(state, detokenizer, order)
-        return AddResult(request_id, reason is None, state.status, state.error or "")
-
-    def abort(self, request_id: str) -> bool:
-        """Cancels a waiting or running request; a running one frees its slot at once.
-
-        Its final output (FINISHED_ABORTED, with the text emitted so far) comes with the next
-        `step`. Returns whether a waiting or running request had this id.
-        """
-        return self.scheduler.abort(request_id, time.perf_counter())
-
-    def request_status(self, request_id: str) -> RequestStatus | None:
-        """Status of a live request, or the final status of a recently reported one."""
-        live = self._live.get(request_id)
-        if live is not None:
-            return live.request.status
-        return self._final_status.get(request_id)
-
-    def queue_position(self, request_id: str) -> int | None:
-        """0-based rank of a WAITING request (0 is admitted next); None if not waiting."""
-        return self.scheduler.queue_position(request_id)
-
-    # ----------------------------------------------------------------------------------------
     # Frames.
 
     def step(
@@ -392,78 +270,6 @@ class Engine:
         each request, each decoded to completion (`on_actions` as in `step`)."""
         return self._frame(observation, requests, noise, "isolated", on_actions)
 
-    def warmup(self) -> int:
-        """Compiles everything a frame uses (blank observation, a short request, and a frame
-        per extend width the mode admits with).
-
-        Counters, the cost model and the request bookkeeping are left as they were.
-
-        Returns:
-            XLA compilations it triggered.
-
-        Raises:
-            RuntimeError: requests are live (warm up before serving).
-        """
-        if self._live or self._refused_early:
-            raise RuntimeError("warmup() needs an idle engine")
-        before = compiles.num_compiles()
-        saved = dataclasses.replace(self._counters)
-        saved_next, saved_order = self._next_request, self._next_order
-        model = self.config.model
-        state_dim = (
-            int(np.shape(self.normalizer.state_stats.mean)[-1])
-            if self.normalizer.state_stats is not None
-            else self.action_output_dim
-        )
-        observation = Observation(
-            images={k: np.zeros((*model.image_resolution, 3), np.uint8) for k in model.image_keys},
-            image_masks={k: True for k in model.image_keys},
-            state=np.zeros((state_dim,), np.float32),
-            prompt="warm up",
-            stamp=0.0,
-        )
-        noise = np.zeros((1, model.action_horizon, model.action_dim), np.float32)
-        # One short request (prefill, denoise, a one-row extend, decode steps), then, unless
-        # requests are admitted one at a time (isolated), one frame per wider extend: that many
-        # one-token requests admitted together.
-        # Then the same with sampled requests: extends and decode steps compile a greedy and a
-        # sampling variant (`sample_tokens`).
-        widths = (1,) if self.mode == "isolated" else self.runner.extend_widths
-        passes = [(width, hot) for hot in (0.0, 1.0) for width in widths]
-        warmup_ids: list[str] = []
-        for index, (width, temperature) in enumerate(passes):
-            specs = [
-                LanguageRequest(
-                    RequestKind.SUBTASK,
-                    max_tokens=2 if width == 1 else 1,
-                    temperature=temperature,
-                    request_id=f"__warmup_{index}_{i}__",
-                    ignore_eos=True,
-                )
-                for i in range(width)
-            ]
-            warmup_ids += [spec.request_id for spec in specs]  # type: ignore[misc]
-            self._frame(observation, specs, noise, self.mode)
-            for _ in range(3):
-                if not self._live:
-                    break
-                self._frame(observation, (), noise, self.mode)
-            if self._live:
-                for request_id in list(self._live):
-                    self.abort(request_id)
-                self._frame(observation, (), noise, self.mode)
-        self._warm_masked_prefills(observation)
-        self._warmed_up = True
-        self._counters = saved
-        self._next_request, self._next_order = saved_next, saved_order
-        for request_id in warmup_ids:
-            self._final_status.pop(request_id, None)
-        self._last_timings = None
-        # A fresh scheduler: no warm-up costs (compile times) in the deadline cost model.
-        self.scheduler = FrameScheduler(self.config.scheduler, self.cache)
-        self.chunk_guide.reset()  # warm-up chunks and latencies are not the robot's
-        return compiles.num_compiles() - before
-
     def new_task(self) -> None:
         """A new task (instruction, or episode) begins with the next frame: real-time chunking
         does not continue the previous task's chunk."""
@@ -488,7 +294,7 @@ class Engine:
         noise = np.asarray(noise, np.float32).reshape(expected)
         for request in requests:
             self.add_request(request, now=start)
-        phases = _FramePhases()
+        phases = FramePhases()
         inputs = self.prepare_inputs(observation)
         prefill_start = time.perf_counter()
         prefix = self._prefill(inputs)
@@ -585,150 +391,3 @@ class Engine:
         prefix = self.runner.prefill(inputs, slots)
         self._counters.num_prefills += 1
         return prefix
-
-    def _warm_masked_prefills(self, observation: Observation) -> None:
-        """Compiles the prefill for every subset of `warmup_masked_slots` masked."""
-        masked_slots = self.config.warmup_masked_slots
-        for count in range(1, len(masked_slots) + 1):
-            for masked in itertools.combinations(masked_slots, count):
-                masks = {key: key not in masked for key in observation.image_masks}
-                inputs = self.prepare_inputs(dataclasses.replace(observation, image_masks=masks))
-                self._prefill(inputs)
-
-    def _run_to_completion(
-        self, mode: str, inputs: PrefixInputs, prefix: Prefix, phases: _FramePhases
-    ) -> None:
-        """isolated / shared_kv: waves until nothing waits; every wave runs to completion."""
-        max_admit = 1 if mode == "isolated" else None
-        while True:
-            schedule = self.scheduler.schedule(
-                time.perf_counter(), policy="to_completion", max_admit=max_admit
-            )
-            if not schedule.admit_ids and not schedule.running_ids:
-                break
-            wave_prefix = prefix
-            if schedule.admit_ids and mode == "isolated":
-                prefill_start = time.perf_counter()
-                wave_prefix = self._prefill(inputs)
-                phases.prefill_s += time.perf_counter() - prefill_start
-            self._run_schedule(schedule, wave_prefix, phases, deadline_start=None)
-            if self.scheduler.num_waiting == 0:
-                break
-
-    def _run_schedule(
-        self,
-        schedule: FrameSchedule,
-        prefix: Prefix,
-        phases: _FramePhases,
-        *,
-        deadline_start: float | None,
-    ) -> None:
-        """Admission (prefix store, extend, first ids) then the schedule's decode steps."""
-        scheduler, counters = self.scheduler, self._counters
-        if schedule.admit_ids:
-            assert schedule.prefix_id is not None
-            extend_start = time.perf_counter()
-            admitted = [
-                (slot, scheduler.get_request(request_id))
-                for request_id, slot in zip(schedule.admit_ids, schedule.admit_slots, strict=True)
-            ]
-            first_ids = self.runner.admit(prefix, schedule.prefix_id, admitted)  # type: ignore[arg-type]
-            now = time.perf_counter()
-            for request_id, token in zip(schedule.admit_ids, first_ids, strict=True):
-                scheduler.record_tokens(request_id, [token], now)
-            counters.num_extends += self.runner.num_extends(len(admitted))
-            counters.num_generated_tokens += len(first_ids)
-            phases.extend_s += now - extend_start
-            phases.extend_measured = True
-        guard = self._deadline_guard(deadline_start)
-        for step in range(schedule.num_decode_steps):
-            running = {
-                self.cache.slot_of(request.request_id): request
-                for request in scheduler.running_requests
-            }
-            if not running:
-                break
-            if guard is not None and guard(step, len(running)):
-                break
-            step_start = time.perf_counter()
-            sampled = self.runner.decode_step(running)  # type: ignore[arg-type]
-            now = time.perf_counter()
-            for slot, token in sampled.items():
-                scheduler.record_tokens(running[slot].request_id, [token], now)
-            counters.num_decode_steps += 1
-            counters.num_generated_tokens += len(sampled)
-            phases.decode_steps.append((len(running), now - step_start))
-            phases.decode_s += time.perf_counter() - step_start
-
-    def _deadline_guard(self, start: float | None) -> Callable[[int, int], bool] | None:
-        """`deadline` policy: stops decoding early when the clock says the next step would
-        overrun the budget (after the floor of steps); None for other policies."""
-        config = self.config.scheduler
-        if start is None or config.policy != "deadline":
-            return None
-        budget = start + config.frame_budget_s * (1.0 - config.safety_margin)
-        costs = self.scheduler.costs
-
-        def stop(step: int, batch_size: int) -> bool:
-            if step < config.min_decode_steps_per_frame:
-                return False
-            step_s = costs.decode_step_s(batch_size) or 0.0
-            other_s = costs.other.value() or 0.0
-            return time.perf_counter() + step_s + other_s > budget
-
-        return stop
-
-    def _refuse_early(
-        self, request: LanguageRequest, request_id: str, order: int, reason: str
-    ) -> AddResult:
-        output = RequestOutput(
-            request_id, request.kind, (), "", 0, RequestStatus.REFUSED, None, reason
-        )
-        self._refused_early.append((order, output))
-        self._num_refused_early += 1
-        self._remember(request_id, RequestStatus.REFUSED)
-        return AddResult(request_id, False, RequestStatus.REFUSED, reason)
-
-    def _emit(self) -> tuple[RequestOutput, ...]:
-        """This frame's outputs: new ids and text deltas per request, final ones flushed."""
-        touched: list[_Live] = []
-        for request in self.scheduler.take_finished():
-            live = self._live.get(request.request_id)
-            if live is not None and live.request is request:
-                touched.append(live)
-        touched += [self._live[r.request_id] for r in self.scheduler.running_requests]
-        outputs = list(self._refused_early)
-        self._refused_early = []
-        for live in touched:
-            request = live.request
-            first_index, new_ids = request.take_new_token_ids()
-            finished = request.finished
-            if not new_ids and not finished:
-                continue
-            delta = live.detokenizer.feed(new_ids) if new_ids else ""
-            text = None
-            if finished:
-                delta += live.detokenizer.flush()
-                if request.status is not RequestStatus.REFUSED:
-                    text = live.detokenizer.text
-                del self._live[request.request_id]
-                self._remember(request.request_id, request.status)
-            output = RequestOutput(
-                request.request_id,
-                request.kind,
-                new_ids,
-                delta,
-                first_index,
-                request.status,
-                text,
-                request.error,
-            )
-            outputs.append((live.order, output))
-        outputs.sort(key=lambda pair: pair[0])
-        return tuple(output for _, output in outputs)
-
-    def _remember(self, request_id: str, status: RequestStatus) -> None:
-        self._final_status[request_id] = status
-        self._final_status.move_to_end(request_id)
-        while len(self._final_status) > _FINAL_STATUS_MEMORY:
-            self._final_status.popitem(last=False)

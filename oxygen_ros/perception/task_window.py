@@ -16,10 +16,10 @@ received when the instruction came: that image was taken before the instruction 
 and the last tick before a reset is published before the reset's instruction. `TaskWindow`
 takes the latest of the three.
 
-The inference node's frame inbox (`nodes.engine_loop.FrameInbox`) keeps the start of its task
-with the same rule, for observation frames instead of images (it has no tracker, so it ignores
-what `on_reset` returns, and reports no `received` frames: its task starts at the later of its
-clock and the reset): one rule and one clock-went-back bound for both nodes.
+The inference node's frame inbox (`nodes.inference.frame_inbox.FrameInbox`) keeps the start of
+its task with the same rule, for observation frames instead of images (it has no tracker, so it
+ignores what `on_reset` returns, and reports no `received` frames: its task starts at the later
+of its clock and the reset): one rule and one clock-went-back bound for both nodes.
 
 Invariants:
 - `before_task(stamp)` holds for every stamp at or before the task's start (the image at the

@@ -4,7 +4,7 @@ The scripted expert (`expert.py`) plans once and its targets are a function of t
 cloned from such demonstrations never sees what to do off the plan's path: with the joints as
 input it learns targets that follow the measured joints (they move together in every
 demonstration), and in closed loop a small deviation is fed back and grows
-(`benchmarks/state_policy.py`, docs/TRAINING.md). This expert's command is a function of the
+(`diagnostics.state_policy`, docs/TRAINING.md). This expert's command is a function of the
 state it sees, so the demonstrations label every visited state, noisy ones included, with a
 command that steers back:
 

@@ -16,7 +16,8 @@ One sample per recorded step t of a successful episode:
   the phase recorded at t (`sim.language.targets`) then EOS, packed into one block with a
   segment per kind; labels are the next ids, counted from the last tail token on.
 
-Norm stats are openpi's (`normalize.RunningStats` over every state and every action row).
+Norm stats are openpi's (`normalize.RunningStats` over every state and every action row):
+training/norm_stats.py.
 
 Invariants:
 - A sample's prompt/tail ids are what `Engine` would build for the same observation.
@@ -34,13 +35,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import openpi.transforms as _transforms
-from openpi.shared import normalize
 from openpi_client import image_tools
 
 from oxygen_ros.engine import prompts
 from oxygen_ros.engine.checkpoint import Normalizer
 from oxygen_ros.engine.checkpoint_assets import StateLayout
-from oxygen_ros.engine.config import ModelConfig, NormConfig, PromptConfig
+from oxygen_ros.engine.config import ModelConfig, PromptConfig
 from oxygen_ros.engine.tokenizer import (
     BUNDLED_TOKENIZER_PATH,
     EOS_ID,
@@ -66,6 +66,9 @@ LANGUAGE_KINDS = (RequestKind.SUBTASK, RequestKind.NARRATION, RequestKind.MEMORY
 # openpi's ALOHA delta mask: the 6 arm joints of each arm relative to the state, grippers
 # absolute (robot.JOINT_NAMES: left arm, left gripper, right arm, right gripper).
 DELTA_ACTION_MASK = _transforms.make_bool_mask(6, -1, 6, -1)
+GRIPPER_ACTION_DIMS = tuple(
+    arm * robot.JOINTS_PER_ARM + robot.JOINTS_PER_ARM - 1 for arm in range(len(robot.ARMS))
+)  # each arm's gripper among the 14 action dimensions
 # The preset whose prompt budget holds each object state (`workcell_cubes.OBJECT_STATES`)
 # with the bundled tokenizer (reach: with the state-bins tokenizer, the only one it is sized
 # for): the default for that state.
@@ -333,85 +336,6 @@ def first_frame(
     return observe(workcell, spec.instruction, resolution, cubes)
 
 
-def compute_norm_stats(episodes: Episodes, norm: NormConfig) -> dict[str, normalize.NormStats]:
-    """openpi norm stats of the state and of every action row."""
-    stats = {}
-    for key, values in ((norm.state_key, episodes.state), (norm.actions_key, episodes.actions)):
-        running = normalize.RunningStats()
-        running.update(values.reshape(-1, values.shape[-1]))
-        stats[key] = running.get_statistics()
-    return stats
-
-
-def widen_norm_stats(
-    stats: dict[str, normalize.NormStats], min_range: float
-) -> tuple[dict[str, normalize.NormStats], dict[str, list[int]]]:
-    """`stats` with every dimension narrower than `min_range` widened to it about its centre:
-    the 1-99 % quantiles to `min_range` apart, the standard deviation to `min_range` / 2.
-
-    A dimension the data barely moves (the expert never rolls the forearm: its delta actions
-    span 0.005 rad) otherwise turns a small departure into a huge normalised value (a 0.1 rad
-    correction reads as 40 where the rest lie in [-1, 1]), and a few such rows then carry most
-    of the loss. Returns the new stats and, per key, the dimensions widened."""
-    out, widened = {}, {}
-    for key, s in stats.items():
-        q01, q99, narrow = widen_range(s.q01, s.q99, min_range)
-        out[key] = normalize.NormStats(
-            mean=np.asarray(s.mean),
-            std=np.maximum(np.asarray(s.std), min_range / 2),
-            q01=q01.astype(np.asarray(s.q01).dtype),
-            q99=q99.astype(np.asarray(s.q99).dtype),
-        )
-        widened[key] = np.flatnonzero(narrow).tolist()
-    return out, widened
-
-
-def widen_range(
-    low: np.ndarray, high: np.ndarray, min_range: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(low, high, narrow), float64: every range narrower than `min_range` widened to it about
-    its centre (`narrow` marks those)."""
-    low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
-    narrow = (high - low) < min_range
-    centre = (low + high) / 2
-    return (
-        np.where(narrow, centre - min_range / 2, low),
-        np.where(narrow, centre + min_range / 2, high),
-        narrow,
-    )
-
-
-GRIPPER_ACTION_DIMS = tuple(
-    arm * robot.JOINTS_PER_ARM + robot.JOINTS_PER_ARM - 1 for arm in range(len(robot.ARMS))
-)  # each arm's gripper among the 14 action dimensions
-
-
-def set_action_range(
-    stats: dict[str, normalize.NormStats], key: str, dims: Sequence[int], width: float
-) -> dict[str, normalize.NormStats]:
-    """`stats` with `key`'s dimensions `dims` given 1-99 % quantiles `width` apart about their
-    centre (and the standard deviation scaled alike). Narrower than the data's: those values
-    normalise to larger numbers, so they weigh more in the flow-matching loss (a squared error
-    over the normalised chunk) and stand further out of its unit noise. Idempotent: the width
-    is set, not scaled, so fine-tuning a checkpoint trained this way keeps its stats."""
-    s = stats[key]
-    dims = list(dims)
-    q01 = np.asarray(s.q01, np.float64).copy()
-    q99 = np.asarray(s.q99, np.float64).copy()
-    std = np.asarray(s.std, np.float64).copy()
-    centre = (q01[dims] + q99[dims]) / 2
-    std[dims] *= width / np.maximum(q99[dims] - q01[dims], 1e-12)
-    q01[dims], q99[dims] = centre - width / 2, centre + width / 2
-    dtype = np.asarray(s.q01).dtype
-    ranged = normalize.NormStats(
-        mean=np.asarray(s.mean),
-        std=std.astype(dtype),
-        q01=q01.astype(dtype),
-        q99=q99.astype(dtype),
-    )
-    return {**stats, key: ranged}
-
-
 def state_names(object_state: str) -> tuple[str, ...]:
     """The state's dimension names: the joints (`robot.JOINT_NAMES`), then the object part's
     (`workcell_cubes.OBJECT_STATES`; none without one)."""
@@ -425,44 +349,6 @@ def state_layout(object_state: str) -> StateLayout:
     return StateLayout(
         tuple(robot.JOINT_NAMES), state_names(object_state)[len(robot.JOINT_NAMES) :]
     )
-
-
-# A blinded dimension's norm stats: centre BLIND_OFFSET below its data's 1 % quantile, half-range
-# BLIND_HALF_RANGE, so every value within 2 of that quantile (a gripper reads 0..1) normalises
-# into [0.001, 0.005] (either normalisation): one state bin (openpi's 256 over [-1, 1] are
-# 0.0078 wide, bin 128 starts at 0), whatever the robot measures.
-BLIND_OFFSET = 3.0
-BLIND_HALF_RANGE = 1000.0
-
-
-def blind_norm_stats(
-    stats: dict[str, normalize.NormStats], key: str, dims: Sequence[int]
-) -> dict[str, normalize.NormStats]:
-    """`stats` with `key`'s dimensions `dims` normalised to one constant bin: the prompt the
-    engine tokenises then carries nothing of them, at training and at run time alike (the
-    checkpoint's norm_stats.json carries the blinding). For proprioception a policy should not
-    copy (the measured gripper: a copycat learner closes it because the demonstrations' own
-    gripper was closed a moment before). Idempotent: blinded dimensions stay as they are."""
-    s = stats[key]
-    dims = list(dims)
-    q01 = np.asarray(s.q01, np.float64).copy()
-    q99 = np.asarray(s.q99, np.float64).copy()
-    mean = np.asarray(s.mean, np.float64).copy()
-    std = np.asarray(s.std, np.float64).copy()
-    # Already blinded (fine-tuning keeps the starting checkpoint's stats): left as they are, so
-    # the bin the model learned stays the bin it is served.
-    dims = [d for d in dims if not np.isclose(q99[d] - q01[d], 2 * BLIND_HALF_RANGE)]
-    centre = q01[dims] - BLIND_OFFSET
-    q01[dims], q99[dims] = centre - BLIND_HALF_RANGE, centre + BLIND_HALF_RANGE
-    mean[dims], std[dims] = centre, BLIND_HALF_RANGE
-    dtype = np.asarray(s.q01).dtype
-    blinded = normalize.NormStats(
-        mean=mean.astype(dtype),
-        std=std.astype(dtype),
-        q01=q01.astype(dtype),
-        q99=q99.astype(dtype),
-    )
-    return {**stats, key: blinded}
 
 
 def language_block(

@@ -55,8 +55,11 @@ from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.model import Pi05Model, abstract_model, create_model
 from oxygen_ros.engine.tokenizer import TOKENIZER_FILE
 from oxygen_ros.training import data as _data
+from oxygen_ros.training import evaluation as _evaluation
 from oxygen_ros.training import loss as _loss
 from oxygen_ros.training import train as _train
+from oxygen_ros.training import trainer as _trainer
+from oxygen_ros.training.train_config import TrainConfig
 
 logger = logging.getLogger("oxygen_ros.training")
 
@@ -108,7 +111,7 @@ class StageConfig:
 
 def is_expert_leaf(path: Sequence) -> bool:
     """Whether a model state leaf (its key path) belongs to the action expert."""
-    names = _train.leaf_names(path)
+    names = _trainer.leaf_names(path)
     if names[:1] and names[0] in EXPERT_MODULES:
         return True
     return names[:2] == LLM_PATH and any(n.endswith("_1") for n in names[2:])
@@ -155,7 +158,7 @@ class _Statics:
     """What the jitted functions close over (everything but parameters and data)."""
 
     model_config: ModelConfig
-    optimizer: _train.OptimizerSettings
+    optimizer: _trainer.OptimizerSettings
     action_draws: int
     noise_scale: float = 1.0
 
@@ -171,7 +174,7 @@ class _StageFns:
         self.expert = tuple(i for i, (path, _) in enumerate(flat) if is_expert_leaf(path))
         if not self.expert:
             raise ValueError("the model has no action expert leaves")
-        self.schedule, self.optimizer = _train.make_optimizer(statics.optimizer)
+        self.schedule, self.optimizer = _trainer.make_optimizer(statics.optimizer)
         self.step = jax.jit(self._step, donate_argnums=(0, 1))
         self.losses = jax.jit(self._losses)
         self.act = jax.jit(self._act)
@@ -225,7 +228,7 @@ class ExpertTrainer:
         self._fns = _stage_fns(
             _Statics(
                 model.config,
-                _train.OptimizerSettings.of(config),
+                _trainer.OptimizerSettings.of(config),
                 config.action_draws,
                 config.noise_scale,
             )
@@ -301,9 +304,9 @@ class PrefixCache:
             index = np.arange(start, min(start + batch_size, len(samples)))
             count = len(index)
             index = np.concatenate([index, np.repeat(index[-1:], batch_size - count)])
-            batch = _train.to_batch(samples.take(index), image_keys)
+            batch = _trainer.to_batch(samples.take(index), image_keys)
             if not cameras:
-                batch = _train.drop_images(batch, np.zeros(batch_size, bool))
+                batch = _trainer.drop_images(batch, np.zeros(batch_size, bool))
             inputs = model_fns.PrefixInputs(
                 batch.images, batch.image_masks, batch.tokens, batch.token_mask
             )
@@ -380,7 +383,7 @@ def plot_curves(records: list[dict], path: pathlib.Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     trained = [r for r in records if "action_loss" in r]
-    steps, smooth = _train.smoothed(
+    steps, smooth = _evaluation.smoothed(
         [r["step"] for r in trained], [r["action_loss"] for r in trained], 100
     )
     axes[0].plot(steps, smooth, label="train action_loss")
@@ -414,7 +417,7 @@ def load_samples(
     (train's split: the `heldout` highest seeds held out) as the engine's checkpoint trained
     on them: its delta-action mask, norm stats and tokenizer, and its narration's numbers
     (`starting_assets`)."""
-    split = _train.TrainConfig(
+    split = TrainConfig(
         data_dir=data_dir, out_dir="", preset=preset, object_state=object_state, heldout=heldout
     )
     episodes = _train.load_split(split, workers)

@@ -13,7 +13,7 @@ them changes what the model says and leaves every action it denoises bit for bit
 The tied embedding is not part of it: its rows are the prompt's input embeddings too.
 
 `update_mask(model)` gives, per flattened state leaf, the multiplier a training step applies
-to its gradient and update (`train.TrainConfig.language_head_only`): 1 on the head, 0 elsewhere;
+to its gradient and update (`TrainConfig.language_head_only`): 1 on the head, 0 elsewhere;
 for the leaves stacked over layers, a [depth, 1, ...] array that is 1 on the last layer only.
 
 Invariant: nothing here imports rclpy.
@@ -25,7 +25,7 @@ import flax.nnx as nnx
 import jax
 import numpy as np
 
-from oxygen_ros.training.train import leaf_names
+from oxygen_ros.training.trainer import leaf_names
 
 LLM = ("PaliGemma", "llm")
 # The prefix LLM's (not the action expert's "_1") per-layer leaves of the head, under "layers".

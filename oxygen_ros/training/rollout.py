@@ -64,7 +64,7 @@ class RolloutConfig:
     noise_scale: float = 1.0
     object_state: str = ""  # what follows the joints in the state (workcell_cubes.OBJECT_STATES)
     # The cube tracker moves its estimate on partial views too (False: whole views only, the
-    # tracker before 2026-11-29; benchmarks/learner_vs_expert --whole-views-only).
+    # tracker before 2026-11-29; diagnostics.learner_vs_expert --whole-views-only).
     follow_partial_views: bool = True
     speak: bool = True  # a subtask request every frame, scored against the stage
     resolution: tuple[int, int] = (96, 96)  # model image size (the preset's image_resolution)
@@ -119,7 +119,7 @@ class EpisodeResult:
     sim_s: float
     subtask_hits: int  # frames whose spoken subtask equals the stage at the observation
     subtask_said: int  # frames with a spoken subtask
-    moved_arms: list[str]  # per frame: the arm the chunk moves more (train.moved_arm's rule)
+    moved_arms: list[str]  # per frame: the arm the chunk moves more (evaluation.moved_arm's rule)
     # stage at the observation -> spoken subtask -> frames (the confusion behind subtask_hits)
     subtask_confusion: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     # the highest the cube's bottom rose above the table while the episode's arm held it
@@ -249,7 +249,7 @@ def blending_stream(config: RolloutConfig) -> ActionStream | None:
 def run_episode(policy, workcell: Workcell, seed: int, config: RolloutConfig) -> EpisodeResult:
     """One closed-loop episode of `policy` (`reset(workcell, spec)`, `act(workcell,
     observation) -> (rows [A, 14], subtask text or None)`)."""
-    from oxygen_ros.training.train import moved_arm  # train pulls in the optimiser stack
+    from oxygen_ros.training.evaluation import moved_arm  # pulls in the optimiser stack
 
     spec = tasks.sample_episode(seed)
     labels = tasks.subtask_labels(spec)

@@ -23,7 +23,7 @@ from oxygen_ros.engine.config import (
     NormConfig,
     get_model_config,
 )
-from oxygen_ros.engine.engine import observation_to_inputs
+from oxygen_ros.engine.inputs import observation_to_inputs
 from oxygen_ros.engine.model import Pi05Model
 from oxygen_ros.engine.model_fns import PrefixInputs
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, Tokenizer

@@ -18,7 +18,7 @@ from test_model_fns import _reference_sampler, _sampling_batch
 from oxygen_ros.engine import compiles, prompts
 from oxygen_ros.engine.checkpoint import Normalizer
 from oxygen_ros.engine.config import CacheConfig, NormConfig, PromptConfig
-from oxygen_ros.engine.engine import observation_to_inputs
+from oxygen_ros.engine.inputs import observation_to_inputs
 from oxygen_ros.engine.kv_cache import write_tail_rows
 from oxygen_ros.engine.model_fns import JitModel, PrefixInputs, first_argmax, sample_tokens
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, Tokenizer

@@ -17,7 +17,8 @@ from engine_factories import TINY, make_engine_config, make_observation
 from oxygen_ros.engine import compiles
 from oxygen_ros.engine.checkpoint import Normalizer
 from oxygen_ros.engine.config import NormConfig
-from oxygen_ros.engine.engine import Engine, observation_to_inputs
+from oxygen_ros.engine.engine import Engine
+from oxygen_ros.engine.inputs import observation_to_inputs
 from oxygen_ros.engine.model_fns import JitModel, PrefixInputs, valid_slots_of
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, Tokenizer
 

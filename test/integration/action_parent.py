@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from oxygen_ros.engine.action_stream import StreamConfig
-from oxygen_ros.nodes.action_process import ActionProcess, ActionProcessConfig
+from oxygen_ros.nodes.inference.action_process import ActionProcess, ActionProcessConfig
 
 
 def config(topic: str, **overrides) -> ActionProcessConfig:

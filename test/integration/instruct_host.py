@@ -24,8 +24,8 @@ import time
 from rclpy.node import Node
 from std_msgs.msg import String
 
-from oxygen_ros.nodes.instruct_server import InstructServer
-from oxygen_ros.nodes.runtime import RELIABLE_QOS, latched_qos, run_node
+from oxygen_ros.nodes.common.runtime import RELIABLE_QOS, latched_qos, run_node
+from oxygen_ros.nodes.inference.instruct_server import InstructServer
 
 POLL_PERIOD_S = 0.05
 MAX_CHARS = 40

@@ -18,7 +18,7 @@ import rclpy
 from rclpy.signals import SignalHandlerOptions
 
 from oxygen_ros.msg import ActionChunk, ObservationFrame
-from oxygen_ros.nodes.runtime import OBSERVATION_QOS, RELIABLE_QOS
+from oxygen_ros.nodes.common.runtime import OBSERVATION_QOS, RELIABLE_QOS
 
 
 def main() -> int:

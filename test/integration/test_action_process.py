@@ -19,10 +19,10 @@ from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.engine.action_stream import HOLD_CHUNK_ID, StreamConfig
 from oxygen_ros.msg import ActionChunk
-from oxygen_ros.nodes.action_process import ActionProcess
-from oxygen_ros.nodes.conversions import trajectory_points
-from oxygen_ros.nodes.runtime import RELIABLE_QOS
-from oxygen_ros.nodes.trajectory_groups import parse_groups, trajectory_problems
+from oxygen_ros.nodes.common.runtime import RELIABLE_QOS
+from oxygen_ros.nodes.inference.action_process import ActionProcess
+from oxygen_ros.nodes.inference.conversions import trajectory_points
+from oxygen_ros.nodes.inference.trajectory_groups import parse_groups, trajectory_problems
 
 pytestmark = pytest.mark.integration
 

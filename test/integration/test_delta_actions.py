@@ -41,12 +41,8 @@ from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 
 from oxygen_ros.engine.config import get_model_config
 from oxygen_ros.msg import ActionChunk, ObservationFrame
-from oxygen_ros.nodes.conversions import (
-    action_chunk_rows,
-    rgb_image_msg,
-    seconds_to_time,
-    time_to_seconds,
-)
+from oxygen_ros.nodes.common.conversions import rgb_image_msg, seconds_to_time, time_to_seconds
+from oxygen_ros.nodes.inference.conversions import action_chunk_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -172,7 +168,7 @@ def test_delta_actions_round_trip_over_dds(launcher, ros_node, tmp_path) -> None
     frame_pub = node.create_publisher(ObservationFrame, OBSERVATION_TOPIC, 5)
     procs = {
         space: launcher.start(
-            "oxygen_ros.nodes.inference_node", node_args(tmp_path, space), name=space
+            "oxygen_ros.nodes.inference.inference_node", node_args(tmp_path, space), name=space
         )
         for space in NAMESPACES
     }

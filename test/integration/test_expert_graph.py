@@ -26,8 +26,8 @@ from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 
 from oxygen_ros.msg import ActionChunk, EpisodeStatus
-from oxygen_ros.nodes.conversions import time_to_seconds
-from oxygen_ros.nodes.runtime import LATCHED_QOS, latched_qos
+from oxygen_ros.nodes.common.conversions import time_to_seconds
+from oxygen_ros.nodes.common.runtime import LATCHED_QOS, latched_qos
 from oxygen_ros.sim import robot, tasks
 from oxygen_ros.sim.recorder import episode_path, read_episode
 from oxygen_ros.srv import ResetEpisode
@@ -95,7 +95,7 @@ class Workcell:
         self.reset_client = node.create_client(ResetEpisode, "workcell/reset_episode")
         common = ["--params-file", str(PARAMS), "-p", "diagnostics_period_s:=0.5"]
         self.sim = launcher.start(
-            "oxygen_ros.nodes.workcell_sim_node",
+            "oxygen_ros.nodes.workcell.workcell_sim_node",
             [
                 *common,
                 *("-r", "__node:=workcell_sim", "-p", "workcell_sim:initial_seed:=-1"),
@@ -104,7 +104,7 @@ class Workcell:
             name="workcell_sim",
         )
         self.expert = launcher.start(
-            "oxygen_ros.nodes.expert_node",
+            "oxygen_ros.nodes.workcell.expert_node",
             [*common, "-r", "__node:=expert", "-p", f"expert:record_dir:={record_dir}"],
             name="expert",
         )

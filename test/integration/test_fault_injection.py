@@ -46,9 +46,9 @@ from std_msgs.msg import String
 
 from oxygen_ros import graph
 from oxygen_ros.msg import ActionChunk, MemoryEntry, ObservationFrame, SpeechToken
-from oxygen_ros.nodes.conversions import rgb_image_msg, seconds_to_time
-from oxygen_ros.nodes.image_conversion import ENCODING_CHANNELS, check_image, encode_image
-from oxygen_ros.nodes.runtime import (
+from oxygen_ros.nodes.common.conversions import rgb_image_msg, seconds_to_time
+from oxygen_ros.nodes.common.image_conversion import ENCODING_CHANNELS, check_image, encode_image
+from oxygen_ros.nodes.common.runtime import (
     LATCHED_QOS,
     OBSERVATION_QOS,
     SENSOR_QOS,
@@ -254,7 +254,7 @@ class Rig:
     # ------------------------------------------------------------------ processes
     def start_perception(self) -> None:
         self.perception = self.launcher.start(
-            "oxygen_ros.nodes.perception_node",
+            "oxygen_ros.nodes.perception.perception_node",
             ros_args=self._param_args("perception"),
             name="perception",
         )
@@ -267,7 +267,7 @@ class Rig:
         self.speech.clear()
         self.memory.clear()
         self.inference = self.launcher.start(
-            "oxygen_ros.nodes.inference_node",
+            "oxygen_ros.nodes.inference.inference_node",
             ros_args=self._param_args("inference"),
             name="inference",
         )
@@ -1396,7 +1396,7 @@ def test_perception_and_inference_in_two_network_namespaces(tmp_path: Path) -> N
                 "inference",
                 [
                     *py,
-                    "oxygen_ros.nodes.inference_node",
+                    "oxygen_ros.nodes.inference.inference_node",
                     *params,
                     "__node:=inference",
                     "-p",
@@ -1404,14 +1404,13 @@ def test_perception_and_inference_in_two_network_namespaces(tmp_path: Path) -> N
                 ],
             )
         )
-        for node in ("sim_sensors", "perception"):
+        for node, module in (
+            ("sim_sensors", "oxygen_ros.nodes.humanoid.sim_sensors_node"),
+            ("perception", "oxygen_ros.nodes.perception.perception_node"),
+        ):
             procs.append(
                 start_in_netns(
-                    ns_a,
-                    env_a,
-                    tmp_path,
-                    node,
-                    [*py, f"oxygen_ros.nodes.{node}_node", *params, f"__node:={node}"],
+                    ns_a, env_a, tmp_path, node, [*py, module, *params, f"__node:={node}"]
                 )
             )
         probe = start_in_netns(

@@ -14,8 +14,8 @@ from harness import wait_for
 from rclpy.serialization import deserialize_message
 
 from oxygen_ros.msg import ObservationFrame
-from oxygen_ros.nodes.frame_intake import FrameIntake
-from oxygen_ros.nodes.runtime import OBSERVATION_QOS
+from oxygen_ros.nodes.common.runtime import OBSERVATION_QOS
+from oxygen_ros.nodes.inference.frame_intake import FrameIntake
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ from rosgraph_msgs.msg import Clock
 from std_msgs.msg import String
 
 from oxygen_ros.action import Instruct
-from oxygen_ros.nodes.runtime import RELIABLE_QOS, latched_qos
+from oxygen_ros.nodes.common.runtime import RELIABLE_QOS, latched_qos
 
 pytestmark = pytest.mark.integration
 

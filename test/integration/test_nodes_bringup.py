@@ -13,7 +13,7 @@ from harness import call_service, wait_for
 from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 
 from oxygen_ros.msg import ActionChunk, SpeechToken
-from oxygen_ros.nodes.runtime import RELIABLE_QOS, SPEECH_QOS
+from oxygen_ros.nodes.common.runtime import RELIABLE_QOS, SPEECH_QOS
 
 pytestmark = pytest.mark.integration
 
@@ -175,7 +175,7 @@ def test_inference_refuses_bad_trajectory_groups_at_start(
     launcher, tmp_path, joints: str, problem: str
 ) -> None:
     proc = launcher.start(
-        "oxygen_ros.nodes.inference_node",
+        "oxygen_ros.nodes.inference.inference_node",
         ros_args=[
             "--params-file",
             str(params_file(tmp_path)),

@@ -33,14 +33,15 @@ from oxygen_ros import graph as graph_params
 from oxygen_ros.action import Instruct
 from oxygen_ros.engine.action_stream import HOLD_CHUNK_ID
 from oxygen_ros.msg import ActionChunk, MemoryEntry, ObservationFrame, SpeechToken
-from oxygen_ros.nodes.conversions import action_chunk_rows, time_to_seconds, trajectory_points
-from oxygen_ros.nodes.runtime import (
+from oxygen_ros.nodes.common.conversions import time_to_seconds
+from oxygen_ros.nodes.common.runtime import (
     LATCHED_QOS,
     RELIABLE_QOS,
     SPEECH_QOS,
     latched_qos,
 )
-from oxygen_ros.nodes.trajectory_groups import trajectory_problems
+from oxygen_ros.nodes.inference.conversions import action_chunk_rows, trajectory_points
+from oxygen_ros.nodes.inference.trajectory_groups import trajectory_problems
 from oxygen_ros.srv import QueryMemory, RequestLanguage
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -143,7 +144,7 @@ class Graph:
 
     def start_inference(self):
         return self.start(
-            "inference", "oxygen_ros.nodes.inference_node", inference_args(self.db_path)
+            "inference", "oxygen_ros.nodes.inference.inference_node", inference_args(self.db_path)
         )
 
     def wait_for_actions(self, timeout_s: float = ENGINE_START_TIMEOUT_S) -> None:
@@ -199,12 +200,12 @@ def graph(tmp_path_factory):
     try:
         g.start(
             "sim_sensors",
-            "oxygen_ros.nodes.sim_sensors_node",
+            "oxygen_ros.nodes.humanoid.sim_sensors_node",
             ["--params-file", str(PARAMS), "-r", "__node:=sim_sensors"],
         )
         g.start(
             "perception",
-            "oxygen_ros.nodes.perception_node",
+            "oxygen_ros.nodes.perception.perception_node",
             ["--params-file", str(PARAMS), "-r", "__node:=perception"],
         )
         g.start_inference()
@@ -618,7 +619,7 @@ def test_lifecycle_transitions_switch_the_action_stream(graph) -> None:
     diagnostics.clear()
     graph.start(
         "inference",
-        "oxygen_ros.nodes.inference_node",
+        "oxygen_ros.nodes.inference.inference_node",
         [*inference_args(graph.db_path), "-p", "inference:autostart:=false"],
     )
     count = len(graph.actions)

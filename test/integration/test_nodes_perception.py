@@ -14,9 +14,9 @@ from rclpy.parameter import Parameter
 from sensor_msgs.msg import Image, JointState
 
 from oxygen_ros.msg import ObservationFrame
-from oxygen_ros.nodes.conversions import diagnostic_values, image_msg_to_rgb
-from oxygen_ros.nodes.image_conversion import encode_image
-from oxygen_ros.nodes.runtime import OBSERVATION_QOS, SENSOR_QOS
+from oxygen_ros.nodes.common.conversions import diagnostic_values, image_msg_to_rgb
+from oxygen_ros.nodes.common.image_conversion import encode_image
+from oxygen_ros.nodes.common.runtime import OBSERVATION_QOS, SENSOR_QOS
 
 pytestmark = pytest.mark.integration
 
@@ -132,7 +132,7 @@ def start_perception(launcher, tmp_path, settings: dict[str, str]):
     override = tmp_path / "override.yaml"
     override.write_text(OVERRIDES + "".join(f"    {k}: {v}\n" for k, v in settings.items()))
     return launcher.start(
-        "oxygen_ros.nodes.perception_node",
+        "oxygen_ros.nodes.perception.perception_node",
         ros_args=[
             "--params-file",
             str(PARAMS),

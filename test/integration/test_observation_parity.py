@@ -20,8 +20,12 @@ from harness import call_service, wait_for
 
 from oxygen_ros.engine.config import get_model_config
 from oxygen_ros.msg import EpisodeStatus, ObservationFrame
-from oxygen_ros.nodes.conversions import diagnostic_values, image_msg_to_rgb, time_to_seconds
-from oxygen_ros.nodes.runtime import OBSERVATION_QOS
+from oxygen_ros.nodes.common.conversions import (
+    diagnostic_values,
+    image_msg_to_rgb,
+    time_to_seconds,
+)
+from oxygen_ros.nodes.common.runtime import OBSERVATION_QOS
 from oxygen_ros.perception import workcell_cubes
 from oxygen_ros.sim import robot, tasks
 from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
@@ -111,10 +115,12 @@ def test_first_frame_after_each_reset_is_the_one_training_builds(
     statuses = ros_node.collect(EpisodeStatus, "workcell/episode_status", 10)
     diags = ros_node.collect(DiagnosticArray, "/diagnostics", 10)
     simulator = launcher.start(
-        "oxygen_ros.nodes.workcell_sim_node", ros_args=[*files, "-r", "__node:=workcell_sim"]
+        "oxygen_ros.nodes.workcell.workcell_sim_node",
+        ros_args=[*files, "-r", "__node:=workcell_sim"],
     )
     perception = launcher.start(
-        "oxygen_ros.nodes.perception_node", ros_args=[*files, "-r", "__node:=perception"]
+        "oxygen_ros.nodes.perception.perception_node",
+        ros_args=[*files, "-r", "__node:=perception"],
     )
     reset = ros_node.node.create_client(ResetEpisode, "workcell/reset_episode")
     resolution = get_model_config(PRESET).image_resolution

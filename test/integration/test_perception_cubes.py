@@ -14,9 +14,9 @@ from harness import wait_for
 from sensor_msgs.msg import Image, JointState
 
 from oxygen_ros.msg import ObservationFrame
-from oxygen_ros.nodes.conversions import diagnostic_values
-from oxygen_ros.nodes.image_conversion import encode_image
-from oxygen_ros.nodes.runtime import OBSERVATION_QOS, SENSOR_QOS
+from oxygen_ros.nodes.common.conversions import diagnostic_values
+from oxygen_ros.nodes.common.image_conversion import encode_image
+from oxygen_ros.nodes.common.runtime import OBSERVATION_QOS, SENSOR_QOS
 from oxygen_ros.perception import workcell_cubes
 from oxygen_ros.sim import robot, tasks
 from oxygen_ros.sim.workcell import Workcell, WorkcellConfig
@@ -88,14 +88,14 @@ class WorkcellSensors:
     def publish_statuses(self, topic: str) -> None:
         """Publishes `episode`'s status at each tick, before the images (latched)."""
         from oxygen_ros.msg import EpisodeStatus
-        from oxygen_ros.nodes.runtime import LATCHED_QOS
+        from oxygen_ros.nodes.common.runtime import LATCHED_QOS
 
         self.status_pub = self.node.create_publisher(EpisodeStatus, topic, LATCHED_QOS)
 
     def publish_status(self, stamp) -> None:
         """`episode`'s status stamped `stamp` (a builtin Time), if there is one."""
         from oxygen_ros.msg import EpisodeStatus
-        from oxygen_ros.nodes.conversions import time_to_seconds
+        from oxygen_ros.nodes.common.conversions import time_to_seconds
 
         if self.status_pub is None or self.episode is None:
             return
@@ -128,7 +128,7 @@ class WorkcellSensors:
 def start_perception(launcher, override: Path):
     """perception_node with the workcell YAML and `override` on top."""
     return launcher.start(
-        "oxygen_ros.nodes.perception_node",
+        "oxygen_ros.nodes.perception.perception_node",
         ros_args=[
             *("--params-file", str(PARAMS), "--params-file", str(override)),
             *("-r", "__node:=perception"),
@@ -331,7 +331,7 @@ def test_the_target_state_follows_the_instructed_cube(launcher, ros_node, tmp_pa
     counted), they carry a cube at the table's centre; a new instruction switches the cube."""
     from std_msgs.msg import String
 
-    from oxygen_ros.nodes.runtime import LATCHED_QOS
+    from oxygen_ros.nodes.common.runtime import LATCHED_QOS
 
     override = tmp_path / "override.yaml"
     override.write_text(
@@ -433,8 +433,8 @@ def test_a_reset_holds_frames_until_its_instruction_arrives(launcher, ros_node, 
     from std_msgs.msg import String
 
     from oxygen_ros.msg import EpisodeStatus
-    from oxygen_ros.nodes.conversions import time_to_seconds
-    from oxygen_ros.nodes.runtime import LATCHED_QOS
+    from oxygen_ros.nodes.common.conversions import time_to_seconds
+    from oxygen_ros.nodes.common.runtime import LATCHED_QOS
 
     timeout_s = 2.0
     override = status_override(tmp_path, "target_m", f"reset_instruction_timeout_s: {timeout_s}")
@@ -534,8 +534,8 @@ def test_images_of_a_reset_not_heard_of_wait_for_its_status(
     comes. The control, the gate off, publishes such frames: the check sees them."""
     from std_msgs.msg import String
 
-    from oxygen_ros.nodes.conversions import time_to_seconds
-    from oxygen_ros.nodes.runtime import LATCHED_QOS
+    from oxygen_ros.nodes.common.conversions import time_to_seconds
+    from oxygen_ros.nodes.common.runtime import LATCHED_QOS
 
     override = status_override(tmp_path, "target", f"episode_status_wait_s: {wait_s}")
     node = ros_node.node

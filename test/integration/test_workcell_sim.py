@@ -27,14 +27,14 @@ from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from oxygen_ros.msg import ActionChunk, EpisodeStatus, ObservationFrame
-from oxygen_ros.nodes.conversions import (
+from oxygen_ros.nodes.common.conversions import (
     diagnostic_values,
     image_msg_to_rgb,
     seconds_to_duration,
     seconds_to_time,
     time_to_seconds,
 )
-from oxygen_ros.nodes.runtime import LATCHED_QOS, OBSERVATION_QOS, RELIABLE_QOS, SENSOR_QOS
+from oxygen_ros.nodes.common.runtime import LATCHED_QOS, OBSERVATION_QOS, RELIABLE_QOS, SENSOR_QOS
 from oxygen_ros.sim import robot, tasks
 from oxygen_ros.srv import ResetEpisode
 
@@ -171,10 +171,10 @@ def sim(tmp_path_factory):
     files = ["--params-file", str(PARAMS), "--params-file", str(override)]
     try:
         simulator = launcher.start(
-            "oxygen_ros.nodes.workcell_sim_node", [*files, "-r", "__node:=workcell_sim"]
+            "oxygen_ros.nodes.workcell.workcell_sim_node", [*files, "-r", "__node:=workcell_sim"]
         )
         perception = launcher.start(
-            "oxygen_ros.nodes.perception_node", [*files, "-r", "__node:=perception"]
+            "oxygen_ros.nodes.perception.perception_node", [*files, "-r", "__node:=perception"]
         )
         wait_for(lambda: probe.clocks or not simulator.alive(), 60, "the simulator's /clock")
         assert simulator.alive(), simulator.log()
@@ -579,7 +579,7 @@ def test_inference_follows_the_simulator_clock(sim) -> None:
     wait_for(lambda: probe.diagnostics, 5, "diagnostics")
     before = probe.diagnostics[-1]
     inference = launcher.start(
-        "oxygen_ros.nodes.inference_node",
+        "oxygen_ros.nodes.inference.inference_node",
         [
             "--params-file",
             str(PARAMS),

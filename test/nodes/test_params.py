@@ -1,4 +1,6 @@
-"""Parameter specs: conversion, checks, and config/<profile>.yaml matching the declarations."""
+"""Parameter specs of every node (`<node package>/params.py`; the machinery in
+`common/parameters.py`): conversion, checks, and config/<profile>.yaml matching the
+declarations."""
 
 from pathlib import Path
 
@@ -8,9 +10,32 @@ import yaml
 
 from oxygen_ros import graph
 from oxygen_ros.engine.config import PRESET_NAMES, get_model_config
-from oxygen_ros.nodes import params as P
-from oxygen_ros.nodes.engine_bridge import build_engine_config
-from oxygen_ros.nodes.trajectory_groups import parse_groups
+from oxygen_ros.nodes.common.parameters import (
+    NodeParameters,
+    ParameterError,
+    ParamSpec,
+    camera_specs,
+    coerce,
+    validate,
+)
+from oxygen_ros.nodes.common.params import MODEL_SHARED, SHARED
+from oxygen_ros.nodes.humanoid.params import SIM_CAMERA, SIM_SENSORS
+from oxygen_ros.nodes.inference.engine_bridge import build_engine_config
+from oxygen_ros.nodes.inference.params import INFERENCE, trajectory_group_specs
+from oxygen_ros.nodes.inference.trajectory_groups import parse_groups
+from oxygen_ros.nodes.perception.params import (
+    CUBE_STATES,
+    PERCEPTION,
+    PERCEPTION_CAMERA,
+    TARGET_CUBE_STATES,
+)
+from oxygen_ros.nodes.workcell.params import (
+    EXPERT,
+    EXPERT_CAMERA,
+    EXPERT_SHARED,
+    WORKCELL_CAMERA,
+    WORKCELL_SIM,
+)
 
 CONFIG = Path(__file__).resolve().parents[2] / "config"
 YAML_PATH = CONFIG / "humanoid.yaml"
@@ -18,21 +43,17 @@ YAML_PATH = CONFIG / "humanoid.yaml"
 ROS_BUILTIN = {"use_sim_time"}
 PROFILE_NODES = {
     "humanoid": {
-        "sim_sensors": (P.SHARED + P.SIM_SENSORS, P.SIM_CAMERA),
-        "perception": (P.SHARED + P.PERCEPTION, P.PERCEPTION_CAMERA),
-        "inference": (P.SHARED + P.INFERENCE, ()),
+        "sim_sensors": (SHARED + SIM_SENSORS, SIM_CAMERA),
+        "perception": (SHARED + PERCEPTION, PERCEPTION_CAMERA),
+        "inference": (SHARED + INFERENCE, ()),
     },
     "workcell": {
-        "workcell_sim": (P.SHARED + P.WORKCELL_SIM, P.WORKCELL_CAMERA),
-        "perception": (P.SHARED + P.PERCEPTION, P.PERCEPTION_CAMERA),
-        "inference": (P.SHARED + P.INFERENCE, ()),
+        "workcell_sim": (SHARED + WORKCELL_SIM, WORKCELL_CAMERA),
+        "perception": (SHARED + PERCEPTION, PERCEPTION_CAMERA),
+        "inference": (SHARED + INFERENCE, ()),
     },
 }
-if hasattr(P, "EXPERT"):  # the scripted expert of the workcell profile
-    PROFILE_NODES["workcell"]["expert"] = (
-        getattr(P, "EXPERT_SHARED", P.SHARED) + P.EXPERT,
-        getattr(P, "EXPERT_CAMERA", ()),
-    )
+PROFILE_NODES["workcell"]["expert"] = (EXPERT_SHARED + EXPERT, EXPERT_CAMERA)
 NODE_SPECS = PROFILE_NODES["humanoid"]
 PROFILE_NODE_PAIRS = [(prof, node) for prof, nodes in PROFILE_NODES.items() for node in nodes]
 # Nodes that follow the simulator's /clock in the workcell profile (the simulator never does).
@@ -57,14 +78,14 @@ def yaml_values(node: str, profile: str = "humanoid") -> dict:
     return flatten(graph.node_parameters(load(profile), node))
 
 
-def declared(node: str, values: dict, profile: str = "humanoid") -> dict[str, P.ParamSpec]:
+def declared(node: str, values: dict, profile: str = "humanoid") -> dict[str, ParamSpec]:
     specs, camera = PROFILE_NODES[profile][node]
     out = {s.name: s for s in specs}
     for name in values.get("camera_names", []):
-        out.update({s.name: s for s in P.camera_specs(name, camera)})
+        out.update({s.name: s for s in camera_specs(name, camera)})
     if node == "inference":
         for name in values.get("trajectory_groups", []):
-            out.update({s.name: s for s in P.trajectory_group_specs(name)})
+            out.update({s.name: s for s in trajectory_group_specs(name)})
     return out
 
 
@@ -87,7 +108,7 @@ def test_commented_trajectory_group_example_is_valid() -> None:
     groups = values["trajectory_groups"]
     assert len(groups) >= 2 and {f"trajectory_group.{g}.joints" for g in groups} <= set(specs)
     for name in set(specs) & set(commented_trajectory_groups()):
-        _, reason = P.validate(specs[name], values[name])
+        _, reason = validate(specs[name], values[name])
         assert reason is None, reason
     parsed = parse_groups(
         values["joint_names"],
@@ -112,8 +133,8 @@ def test_commented_trajectory_group_example_is_valid() -> None:
     ],
 )
 def test_trajectory_group_checks(name, value, ok) -> None:
-    specs = {s.name: s for s in P.INFERENCE + P.trajectory_group_specs("arm")}
-    _, reason = P.validate(specs[name], value)
+    specs = {s.name: s for s in INFERENCE + trajectory_group_specs("arm")}
+    _, reason = validate(specs[name], value)
     assert (reason is None) == ok, reason
 
 
@@ -127,7 +148,7 @@ def test_yaml_sets_every_declared_parameter_with_a_valid_value(profile: str, nod
     assert not missing, f"{node}: declared but not in {profile}.yaml: {missing}"
     for name, spec in specs.items():
         value = None if values[name] == [] else values[name]  # ROS reads [] as "not set"
-        _, reason = P.validate(spec, value)
+        _, reason = validate(spec, value)
         assert reason is None, reason
 
 
@@ -183,15 +204,15 @@ def test_model_preset_is_set_once_for_perception_and_inference(profile: str) -> 
         assert section == "/**" or "model_preset" not in body["ros__parameters"], section
     for node in ("perception", "inference"):
         specs, _camera = PROFILE_NODES[profile][node]
-        assert [s for s in specs if s.name == "model_preset"] == list(P.MODEL_SHARED), node
-    assert not any(s.name in ("image_height", "image_width") for s in P.PERCEPTION)
+        assert [s for s in specs if s.name == "model_preset"] == list(MODEL_SHARED), node
+    assert not any(s.name in ("image_height", "image_width") for s in PERCEPTION)
 
 
 def test_yaml_builds_a_valid_engine_config() -> None:
     values = {}
     for name, spec in declared("inference", yaml_values("inference")).items():
         raw = yaml_values("inference")[name]
-        values[name], reason = P.validate(spec, None if raw == [] else raw)
+        values[name], reason = validate(spec, None if raw == [] else raw)
         assert reason is None
     cfg = build_engine_config(values, len(values["joint_names"]))
     assert cfg.action_output_dim == 19 and cfg.model.name == "tiny"
@@ -218,7 +239,7 @@ def test_yaml_builds_a_valid_engine_config() -> None:
     ],
 )
 def test_coerce_accepts(kind, value, expected) -> None:
-    assert P.coerce(kind, value) == expected
+    assert coerce(kind, value) == expected
 
 
 @pytest.mark.parametrize(
@@ -235,11 +256,11 @@ def test_coerce_accepts(kind, value, expected) -> None:
 )
 def test_coerce_refuses(kind, value) -> None:
     with pytest.raises(ValueError):
-        P.coerce(kind, value)
+        coerce(kind, value)
 
 
-def spec(name: str) -> P.ParamSpec:
-    return {s.name: s for s in P.SHARED + P.INFERENCE + P.PERCEPTION}[name]
+def spec(name: str) -> ParamSpec:
+    return {s.name: s for s in SHARED + INFERENCE + PERCEPTION}[name]
 
 
 @pytest.mark.parametrize(
@@ -262,14 +283,14 @@ def spec(name: str) -> P.ParamSpec:
     ],
 )
 def test_checks(name, value, ok) -> None:
-    _converted, reason = P.validate(spec(name), value)
+    _converted, reason = validate(spec(name), value)
     assert (reason is None) == ok, reason
     if not ok:
         assert name in reason
 
 
 def test_runtime_parameters_are_rates_periods_and_policies() -> None:
-    runtime = {s.name for s in P.SHARED + P.INFERENCE + P.PERCEPTION + P.SIM_SENSORS if s.runtime}
+    runtime = {s.name for s in SHARED + INFERENCE + PERCEPTION + SIM_SENSORS if s.runtime}
     assert {
         "action_rate_hz",
         "narration_period_s",
@@ -282,13 +303,13 @@ def test_runtime_parameters_are_rates_periods_and_policies() -> None:
 
 
 def test_engine_config_refuses_too_many_joints() -> None:
-    values = {s.name: s.default for s in P.INFERENCE}
+    values = {s.name: s.default for s in INFERENCE}
     with pytest.raises(ValueError, match="exceed"):
         build_engine_config(values, 33)
 
 
 def test_engine_config_refuses_small_cache() -> None:
-    values = {s.name: s.default for s in P.INFERENCE}
+    values = {s.name: s.default for s in INFERENCE}
     values["cache_max_seq_len"] = 16
     with pytest.raises(ValueError):
         build_engine_config(values, 19)
@@ -313,11 +334,11 @@ def test_descriptors_show_ranges_and_constraints_and_rclpy_enforces_them() -> No
 
     node, context = _node_with(["-p", "joint_names:=[a, b]"])
     try:
-        params = P.NodeParameters(node, P.SHARED + P.INFERENCE)
+        params = NodeParameters(node, SHARED + INFERENCE)
         rate, slots, mode = node.describe_parameters(
             ["action_rate_hz", "cache_num_slots", "scheduler_mode"]
         )
-        spec = next(s for s in P.INFERENCE if s.name == "action_rate_hz")
+        spec = next(s for s in INFERENCE if s.name == "action_rate_hz")
         (bounds,) = rate.floating_point_range
         assert (bounds.from_value, bounds.to_value) == spec.check.bounds
         assert rate.additional_constraints.startswith("a rate in (0,")
@@ -347,8 +368,8 @@ def test_perception_refuses_an_unknown_model_preset_at_start() -> None:
 
     node, context = _node_with(["-p", "model_preset:=pi06"])
     try:
-        with pytest.raises(P.ParameterError, match="model_preset"):
-            P.NodeParameters(node, P.SHARED + P.PERCEPTION)
+        with pytest.raises(ParameterError, match="model_preset"):
+            NodeParameters(node, SHARED + PERCEPTION)
     finally:
         node.destroy_node()
         rclpy.shutdown(context=context)
@@ -359,8 +380,8 @@ def test_out_of_range_start_value_fails_with_our_reason_not_an_rclpy_exception()
 
     node, context = _node_with(["-p", "action_rate_hz:=5000.0", "-p", "cache_num_slots:=0"])
     try:
-        with pytest.raises(P.ParameterError) as caught:
-            P.NodeParameters(node, P.SHARED + P.INFERENCE)
+        with pytest.raises(ParameterError) as caught:
+            NodeParameters(node, SHARED + INFERENCE)
         assert "action_rate_hz" in str(caught.value) and "cache_num_slots" in str(caught.value)
     finally:
         node.destroy_node()
@@ -382,12 +403,12 @@ def _inference_values(**overrides) -> dict:
     values = {}
     for name, spec in declared("inference", yaml_values("inference")).items():
         raw = yaml_values("inference")[name]
-        values[name], _ = P.validate(spec, None if raw == [] else raw)
+        values[name], _ = validate(spec, None if raw == [] else raw)
     return {**values, **overrides}
 
 
 def test_action_space_parameter_becomes_the_engines_delta_mask() -> None:
-    from oxygen_ros.nodes.engine_bridge import delta_action_mask
+    from oxygen_ros.nodes.inference.engine_bridge import delta_action_mask
 
     values = _inference_values()
     joints = values["joint_names"]
@@ -412,7 +433,7 @@ def test_delta_actions_round_trip_through_openpi_transforms_with_the_node_mask()
     from openpi import transforms
 
     from oxygen_ros.engine.checkpoint import Normalizer
-    from oxygen_ros.nodes.engine_bridge import delta_action_mask
+    from oxygen_ros.nodes.inference.engine_bridge import delta_action_mask
 
     values = _inference_values()
     joints = values["joint_names"]
@@ -436,7 +457,7 @@ def test_perceptions_cube_states_are_the_workcells_object_states() -> None:
     loading parameters does not import the perception)."""
     from oxygen_ros.perception import workcell_cubes
 
-    assert tuple(kind for kind in workcell_cubes.OBJECT_STATES if kind) == P.CUBE_STATES
-    assert P.TARGET_CUBE_STATES == workcell_cubes.TARGET_KINDS
-    for kind in P.CUBE_STATES:
-        workcell_cubes.object_state(kind, "red_cube" if kind in P.TARGET_CUBE_STATES else None)
+    assert tuple(kind for kind in workcell_cubes.OBJECT_STATES if kind) == CUBE_STATES
+    assert TARGET_CUBE_STATES == workcell_cubes.TARGET_KINDS
+    for kind in CUBE_STATES:
+        workcell_cubes.object_state(kind, "red_cube" if kind in TARGET_CUBE_STATES else None)

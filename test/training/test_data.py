@@ -9,7 +9,7 @@ from demo_episodes import SEEDS, STEPS, write_episode
 from oxygen_ros.engine import prompts
 from oxygen_ros.engine.checkpoint import Normalizer
 from oxygen_ros.engine.config import NormConfig, PromptConfig, get_model_config
-from oxygen_ros.engine.engine import observation_to_inputs
+from oxygen_ros.engine.inputs import observation_to_inputs
 from oxygen_ros.engine.tokenizer import (
     BUNDLED_TOKENIZER_PATH,
     EOS_ID,
@@ -17,11 +17,12 @@ from oxygen_ros.engine.tokenizer import (
     Tokenizer,
 )
 from oxygen_ros.engine.types import Observation, RequestKind
-from oxygen_ros.nodes.image_conversion import resize_with_pad
+from oxygen_ros.nodes.common.image_conversion import resize_with_pad
 from oxygen_ros.perception import workcell_cubes
 from oxygen_ros.sim import language, recorder, robot, tasks
-from oxygen_ros.training import data
-from oxygen_ros.training.train import TrainConfig, split_episodes
+from oxygen_ros.training import data, norm_stats
+from oxygen_ros.training.train import split_episodes
+from oxygen_ros.training.train_config import TrainConfig
 
 WORKCELL = get_model_config("workcell")
 
@@ -34,7 +35,7 @@ def tokenizer() -> Tokenizer:
 @pytest.fixture(scope="module")
 def built(demos_dir, tokenizer):
     episodes = data.load_episodes(recorder.list_episodes(demos_dir), WORKCELL)
-    normalizer = Normalizer(data.compute_norm_stats(episodes, NormConfig()), NormConfig())
+    normalizer = Normalizer(norm_stats.compute_norm_stats(episodes, NormConfig()), NormConfig())
     samples = data.build_samples(episodes, WORKCELL, tokenizer, normalizer, PromptConfig())
     return episodes, normalizer, samples
 
@@ -178,7 +179,8 @@ def test_early_steps_are_drawn_more_often() -> None:
 
 
 def test_stage_weights_multiply_the_named_phases_draws() -> None:
-    from oxygen_ros.training.train import parse_stage_weights, sampling_weights
+    from oxygen_ros.training.train import sampling_weights
+    from oxygen_ros.training.train_config import parse_stage_weights
 
     step = np.array([0, 1, 2, 3, 0, 1, 2, 3], np.int32)
     stage = np.array([0, 0, 1, 2, 1, 1, 1, 3], np.int32)
@@ -232,7 +234,7 @@ def test_object_state_is_the_joints_then_the_tracked_cubes_and_served_alike(
     width = len(workcell_cubes.object_state(kind).names)
     assert width == {"positions": 6, "poses": 21}[kind]
     assert episodes.state.shape == (len(SEEDS) * STEPS, 14 + width)
-    normalizer = Normalizer(data.compute_norm_stats(episodes, NormConfig()), NormConfig())
+    normalizer = Normalizer(norm_stats.compute_norm_stats(episodes, NormConfig()), NormConfig())
     samples = data.build_samples(episodes, config, tokenizer, normalizer, PromptConfig())
     ep = recorder.read_episode(paths[1])
     top = ep.images[workcell_cubes.CAMERA]
@@ -279,7 +281,7 @@ def test_target_state_is_each_episodes_instructed_cube_and_served_alike(tmp_path
         np.testing.assert_array_equal(target.state[rows, 14 : 14 + fields], pose)
         np.testing.assert_allclose(target.state[rows, 14 + fields :], offsets, atol=1e-7)
     bins = Tokenizer(STATE_BINS_TOKENIZER_PATH)
-    normalizer = Normalizer(data.compute_norm_stats(target, NormConfig()), NormConfig())
+    normalizer = Normalizer(norm_stats.compute_norm_stats(target, NormConfig()), NormConfig())
     samples = data.build_samples(target, config, bins, normalizer, PromptConfig())
     text = bins.decode([int(i) for i in samples.tokens[0][samples.token_mask[0]]])
     assert len(text.split("State: ")[1].split(";")[0].split()) == 14 + fields + arms
@@ -329,7 +331,7 @@ def test_training_samples_refuse_a_prompt_the_preset_would_cut(demos_dir, tokeni
     control) build, every number in the prompt."""
     config = get_model_config("workcell_poses_bins")
     episodes = data.load_episodes(recorder.list_episodes(demos_dir), config, object_state="poses")
-    normalizer = Normalizer(data.compute_norm_stats(episodes, NormConfig()), NormConfig())
+    normalizer = Normalizer(norm_stats.compute_norm_stats(episodes, NormConfig()), NormConfig())
     with pytest.raises(ValueError, match="prompt budget"):
         data.build_samples(episodes, config, tokenizer, normalizer, PromptConfig())
     bins = Tokenizer(STATE_BINS_TOKENIZER_PATH)
@@ -415,102 +417,6 @@ def test_a_share_of_failed_episodes_is_dropped_when_loading_in_parallel(tmp_path
     np.testing.assert_array_equal(two.state, one.state)
     with pytest.raises(data.NoEpisodesError):
         data.load_episode_groups([paths[:2]], config, workers=2)
-
-
-def test_widened_norm_stats_bound_a_departure_on_a_dimension_the_data_barely_moves() -> None:
-    """A dimension whose 1-99 % range is 0.005 (the forearm roll's delta actions) turns a 0.1
-    correction into about 40; widened to 0.2 it reads 1, and wider dimensions keep theirs."""
-    from openpi.shared import normalize
-
-    stats = {
-        "state": normalize.NormStats(
-            mean=np.zeros(2), std=np.ones(2), q01=-np.ones(2), q99=np.ones(2)
-        ),
-        "actions": normalize.NormStats(
-            mean=np.array([0.0, 0.1]),
-            std=np.array([0.001, 0.3]),
-            q01=np.array([-0.0025, -0.5]),
-            q99=np.array([0.0025, 0.7]),
-        ),
-    }
-    widened, dims = data.widen_norm_stats(stats, 0.2)
-    assert dims == {"state": [], "actions": [0]}
-    np.testing.assert_allclose(widened["actions"].q01, [-0.1, -0.5])
-    np.testing.assert_allclose(widened["actions"].q99, [0.1, 0.7])
-    np.testing.assert_allclose(widened["actions"].std, [0.1, 0.3])
-    np.testing.assert_array_equal(widened["actions"].mean, stats["actions"].mean)
-    row = np.array([[-0.1, 0.1]])
-    before = Normalizer(stats, NormConfig()).normalize_actions(row)
-    after = Normalizer(widened, NormConfig()).normalize_actions(row)
-    assert abs(before[0, 0]) > 30  # positive control: the narrow range blows the value up
-    assert abs(after[0, 0]) <= 1.0 + 1e-6
-    assert after[0, 1] == pytest.approx(before[0, 1])
-
-
-def test_blinded_state_dims_reach_the_prompt_as_one_bin_whatever_is_measured() -> None:
-    """The engine's prompt (observation_to_inputs, as served) is the same whether the blinded
-    grippers read shut, open or past either end; without the blinding the same change moves
-    the prompt (positive control), and an unblinded joint still does with it."""
-    from openpi.shared import normalize
-
-    config = get_model_config("workcell_target_bins")
-    tokenizer = Tokenizer(STATE_BINS_TOKENIZER_PATH)
-    names = data.state_names("target")
-    assert names[: robot.NUM_JOINTS] == robot.JOINT_NAMES and len(names) == 27
-    rng = np.random.default_rng(5)
-    centre = rng.uniform(-0.5, 0.5, len(names))
-    stats = {
-        "state": normalize.NormStats(
-            mean=centre, std=np.full(len(names), 0.3), q01=centre - 0.6, q99=centre + 0.6
-        ),
-        "actions": normalize.NormStats(
-            mean=np.zeros(14), std=np.ones(14), q01=-np.ones(14), q99=np.ones(14)
-        ),
-    }
-    grippers = [names.index("left_gripper"), names.index("right_gripper")]
-    blinded = data.blind_norm_stats(stats, "state", grippers)
-
-    def prompt(stats, state) -> np.ndarray:
-        observation = Observation({}, {}, state.astype(np.float32), "pick up", 0.0)
-        return observation_to_inputs(
-            observation,
-            config.image_keys,
-            config.image_resolution,
-            tokenizer,
-            Normalizer(stats, NormConfig()),
-            config.max_token_len,
-        ).tokens
-
-    base = centre.copy()
-    variants = []
-    for value in (0.0, 0.08, 0.5, 1.0, -0.4, 1.6):
-        state = base.copy()
-        state[grippers] = value
-        variants.append(state)
-    blind = [prompt(blinded, s) for s in variants]
-    seen = [prompt(stats, s) for s in variants]
-    for tokens in blind[1:]:
-        np.testing.assert_array_equal(tokens, blind[0])
-    assert not np.array_equal(seen[0], seen[3])  # positive control: unblinded, they differ
-    moved = variants[0].copy()
-    moved[names.index("left_waist")] += 0.3
-    assert not np.array_equal(prompt(blinded, moved), blind[0])  # other dims still count
-    # Only the named dimensions change, in both normalisations' fields.
-    others = [i for i in range(len(names)) if i not in grippers]
-    for field in ("mean", "std", "q01", "q99"):
-        np.testing.assert_array_equal(
-            getattr(blinded["state"], field)[others], getattr(stats["state"], field)[others]
-        )
-    assert blinded["actions"] is stats["actions"]
-    again = data.blind_norm_stats(blinded, "state", grippers)  # fine-tuning blinds again
-    for field in ("mean", "std", "q01", "q99"):
-        np.testing.assert_array_equal(
-            getattr(again["state"], field), getattr(blinded["state"], field)
-        )
-    z = Normalizer(blinded, NormConfig(use_quantiles=False)).normalize_state(
-        np.stack(variants).astype(np.float32)
-    )
-    assert np.ptp(z[:, grippers]) < 2 / 256  # one bin with z-scores too
 
 
 def test_state_layout_names_what_each_object_state_appends() -> None:

@@ -21,6 +21,7 @@ from oxygen_ros.engine.model import create_model
 from oxygen_ros.engine.tokenizer import TOKENIZER_FILE
 from oxygen_ros.engine.types import Observation
 from oxygen_ros.training import expert_stage, loss, train
+from oxygen_ros.training.trainer import drop_images, to_batch
 
 pytestmark = pytest.mark.slow
 
@@ -163,14 +164,14 @@ def test_the_stage_loss_is_openpis_loss_read_from_the_cached_prefix(staged) -> N
     cache = saved_cache(config, engine, model, samples)
     trainer = expert_stage.ExpertTrainer(model, config)
     index = np.array([0, 3, 7, 12, 15])
-    batch = train.to_batch(samples.take(index), engine.config.model.image_keys)
+    batch = to_batch(samples.take(index), engine.config.model.image_keys)
     rng = jax.random.key(7)
     full = _compute_losses(model, rng, batch, vocab_size=engine.tokenizer.vocab_size,
                                action_draws=2).action  # fmt: skip
     cached = trainer.losses(rng, cache.take(index), batch.actions)
     np.testing.assert_allclose(cached, np.asarray(full), rtol=2e-2, atol=1e-3)
     # The blind cache is the prefix with every camera masked, as train's image dropout.
-    blind = train.drop_images(batch, np.zeros(len(index), bool))
+    blind = drop_images(batch, np.zeros(len(index), bool))
     full_blind = _compute_losses(model, rng, blind, vocab_size=engine.tokenizer.vocab_size,
                                      action_draws=2).action  # fmt: skip
     cached_blind = trainer.losses(rng, cache.take(index, np.ones(len(index), bool)), batch.actions)

@@ -13,7 +13,9 @@ from oxygen_ros.engine.config import NormConfig, PromptConfig, get_model_config
 from oxygen_ros.engine.model import create_model
 from oxygen_ros.engine.tokenizer import BUNDLED_TOKENIZER_PATH, Tokenizer
 from oxygen_ros.sim import recorder
-from oxygen_ros.training import data, language_head, train
+from oxygen_ros.training import data, language_head, norm_stats
+from oxygen_ros.training.train_config import TrainConfig
+from oxygen_ros.training.trainer import Trainer, to_batch
 
 pytestmark = pytest.mark.slow
 
@@ -46,16 +48,16 @@ def batch_and_vocab(demos_dir):
     config = get_model_config("workcell")
     tokenizer = Tokenizer(str(BUNDLED_TOKENIZER_PATH))
     eps = data.load_episodes(recorder.list_episodes(demos_dir), config)
-    normalizer = Normalizer(data.compute_norm_stats(eps, NormConfig()), NormConfig())
+    normalizer = Normalizer(norm_stats.compute_norm_stats(eps, NormConfig()), NormConfig())
     samples = data.build_samples(eps, config, tokenizer, normalizer, PromptConfig())
-    batch = train.to_batch(samples.take(np.array([0, 5, 9, 14])), config.image_keys)
+    batch = to_batch(samples.take(np.array([0, 5, 9, 14])), config.image_keys)
     return config, batch, tokenizer.vocab_size
 
 
-def _steps(config, batch, vocab, head_only: bool) -> tuple[train.Trainer, list, np.ndarray]:
+def _steps(config, batch, vocab, head_only: bool) -> tuple[Trainer, list, np.ndarray]:
     """Three steps from one seed's model; the starting leaves and actions, the trainer."""
-    trainer = train.Trainer(
-        train.TrainConfig(
+    trainer = Trainer(
+        TrainConfig(
             data_dir="d", out_dir="o", peak_lr=3e-3, warmup_steps=1, language_head_only=head_only
         ),
         create_model(config, seed=0),
@@ -89,8 +91,8 @@ def test_a_head_step_changes_the_language_and_no_action(batch_and_vocab) -> None
     assert moved == 6  # all six head leaves trained
     np.testing.assert_array_equal(actions[0], actions[1])
     rng = jax.random.key(11)
-    start_model = train.Trainer(
-        train.TrainConfig(data_dir="d", out_dir="o"), create_model(config, seed=0), vocab
+    start_model = Trainer(
+        TrainConfig(data_dir="d", out_dir="o"), create_model(config, seed=0), vocab
     )
     nll_start = np.asarray(start_model.eval_losses(rng, batch).token_nll)
     nll_after = np.asarray(trainer.eval_losses(rng, batch).token_nll)

@@ -10,7 +10,6 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from flax import nnx
 from openpi.shared import normalize
 
 from oxygen_ros.engine import model_fns
@@ -25,7 +24,6 @@ from oxygen_ros.engine.checkpoint_assets import (
 )
 from oxygen_ros.engine.config import NormConfig, PromptConfig, get_model_config
 from oxygen_ros.engine.engine import Engine
-from oxygen_ros.engine.model import create_model
 from oxygen_ros.engine.tokenizer import (
     BUNDLED_TOKENIZER_PATH,
     STATE_BINS_TOKENIZER_PATH,
@@ -33,14 +31,16 @@ from oxygen_ros.engine.tokenizer import (
     resolve_tokenizer_path,
 )
 from oxygen_ros.engine.types import Observation
-from oxygen_ros.nodes.image_conversion import resize_with_pad
+from oxygen_ros.nodes.common.image_conversion import resize_with_pad
 from oxygen_ros.sim import recorder, robot
-from oxygen_ros.training import bin_embeddings, data, loss, train
+from oxygen_ros.training import bin_embeddings, data, norm_stats, train
+from oxygen_ros.training.train_config import TrainConfig
+from oxygen_ros.training.trainer import to_batch
 
 pytestmark = pytest.mark.slow
 
 
-def _config(demos_dir, out_dir, **overrides) -> train.TrainConfig:
+def _config(demos_dir, out_dir, **overrides) -> TrainConfig:
     fields = dict(
         data_dir=str(demos_dir),
         out_dir=str(out_dir),
@@ -54,7 +54,7 @@ def _config(demos_dir, out_dir, **overrides) -> train.TrainConfig:
         state_dropout=0.5,
     )
     fields.update(overrides)
-    return train.TrainConfig(**fields)
+    return TrainConfig(**fields)
 
 
 def _recorded_observation(episode, step: int, resolution) -> Observation:
@@ -136,7 +136,7 @@ def test_checkpoint_is_served_by_the_engine_unchanged(trained, demos_dir) -> Non
         normalizer,
         PromptConfig(),
     )
-    batch = train.to_batch(samples.take(np.array([4])), config.image_keys)
+    batch = to_batch(samples.take(np.array([4])), config.image_keys)
     inputs = model_fns.PrefixInputs(
         batch.images, batch.image_masks, batch.tokens, batch.token_mask
     )
@@ -184,8 +184,8 @@ def test_fine_tuning_keeps_the_starting_checkpoints_norm_stats(trained, demos_di
         recorder.list_episodes(demos_dir)[:1], get_model_config(config.preset)
     )
     saved = normalize.load(out / "assets" / config.assets_id)
-    kept = train.training_norm_stats(config, one, norm, ())
-    fresh = train.training_norm_stats(
+    kept = norm_stats.training_norm_stats(config, one, norm, ())
+    fresh = norm_stats.training_norm_stats(
         dataclasses.replace(config, fresh_norm_stats=True), one, norm, ()
     )
     for key in (norm.state_key, norm.actions_key):
@@ -197,7 +197,7 @@ def test_fine_tuning_keeps_the_starting_checkpoints_norm_stats(trained, demos_di
     # median state span, so that both kinds are there to check).
     spans = {k: saved[k].q99 - saved[k].q01 for k in (norm.state_key, norm.actions_key)}
     floor = float(np.median(spans[norm.state_key]))
-    widened = train.training_norm_stats(
+    widened = norm_stats.training_norm_stats(
         dataclasses.replace(config, min_norm_range=floor), one, norm, ()
     )
     assert (spans[norm.state_key] < floor).any() and (spans[norm.state_key] > floor).any()
@@ -207,19 +207,19 @@ def test_fine_tuning_keeps_the_starting_checkpoints_norm_stats(trained, demos_di
         np.testing.assert_array_equal(new_span[span >= floor], span[span >= floor])
     # --blind-state: the named state dimensions move to one bin's stats, nothing else changes;
     # names outside the state are refused when the run is configured.
-    blinded = train.training_norm_stats(
+    blinded = norm_stats.training_norm_stats(
         dataclasses.replace(config, blind_state="right_gripper"), one, norm, ()
     )
     dim = robot.JOINT_NAMES.index("right_gripper")
     span = blinded[norm.state_key].q99 - blinded[norm.state_key].q01
-    assert span[dim] == pytest.approx(2 * data.BLIND_HALF_RANGE)
+    assert span[dim] == pytest.approx(2 * norm_stats.BLIND_HALF_RANGE)
     others = np.arange(len(span)) != dim
     np.testing.assert_array_equal(span[others], spans[norm.state_key][others])
     np.testing.assert_array_equal(blinded[norm.actions_key].q99, saved[norm.actions_key].q99)
     # --gripper-action-range: both grippers' action quantiles that far apart about their
     # centre, idempotent (a checkpoint trained so and fine-tuned again keeps them), nothing
     # else moved; a gripper value then normalises to a larger number.
-    ranged = train.training_norm_stats(
+    ranged = norm_stats.training_norm_stats(
         dataclasses.replace(config, gripper_action_range=0.25), one, norm, ()
     )
     actions, before = ranged[norm.actions_key], saved[norm.actions_key]
@@ -233,7 +233,7 @@ def test_fine_tuning_keeps_the_starting_checkpoints_norm_stats(trained, demos_di
     others[grippers] = False
     np.testing.assert_array_equal(actions.q99[others], before.q99[others])
     np.testing.assert_array_equal(ranged[norm.state_key].q99, saved[norm.state_key].q99)
-    again = data.set_action_range(ranged, norm.actions_key, grippers, 0.25)
+    again = norm_stats.set_action_range(ranged, norm.actions_key, grippers, 0.25)
     np.testing.assert_allclose(again[norm.actions_key].q01, actions.q01, rtol=1e-6)
     normalised = {
         name: (0.0 - s.q01[grippers]) / (s.q99[grippers] - s.q01[grippers]) * 2 - 1
@@ -245,23 +245,13 @@ def test_fine_tuning_keeps_the_starting_checkpoints_norm_stats(trained, demos_di
     with pytest.raises(ValueError, match="blind_state names"):
         dataclasses.replace(config, blind_state="right_gripper,right_grip")
     with pytest.raises(ValueError, match="delta-action mask"):
-        train.training_norm_stats(config, one, norm, data.DELTA_ACTION_MASK)
+        norm_stats.training_norm_stats(config, one, norm, data.DELTA_ACTION_MASK)
     one.state = np.concatenate([one.state, one.state[..., :3]], axis=-1)  # another object state
     with pytest.raises(ValueError, match="width"):
-        train.training_norm_stats(config, one, norm, ())
+        norm_stats.training_norm_stats(config, one, norm, ())
 
 
-def test_moved_arm_is_the_arm_whose_joints_move_further() -> None:
-    state = np.asarray(robot.HOME, np.float32)
-    for arm in robot.ARMS:
-        chunk = np.tile(state, (10, 1))
-        chunk[:, robot.arm_slice(arm)] += np.linspace(0.0, 0.3, 10)[:, None]
-        other = robot.ARMS[1 - robot.ARMS.index(arm)]
-        chunk[:, robot.arm_slice(other)] += 0.01
-        assert train.moved_arm(chunk, state) == arm
-
-
-def _delta_bins_config(demos_dir, out, **overrides) -> train.TrainConfig:
+def _delta_bins_config(demos_dir, out, **overrides) -> TrainConfig:
     return _config(
         demos_dir, out, steps=4, eval_every=4, state_dropout=0.0, delta_actions=True,
         tokenizer_path=str(STATE_BINS_TOKENIZER_PATH), image_dropout=0.5, **overrides,
@@ -317,7 +307,7 @@ def test_frozen_bin_rows_keep_the_code_they_start_with(demos_dir, tmp_path) -> N
     trained = table("trained")
     assert np.abs(trained[ids] - start[ids]).max() > 1e-6
     with pytest.raises(ValueError, match="frequencies"):
-        train.TrainConfig(data_dir="d", out_dir="o", bin_frequencies="0.5,0")
+        TrainConfig(data_dir="d", out_dir="o", bin_frequencies="0.5,0")
 
 
 def test_narration_numbers_are_trained_recorded_and_inherited(
@@ -339,11 +329,11 @@ def test_narration_numbers_are_trained_recorded_and_inherited(
     assert load_narration_numbers(one_step_bins, "workcell") == "digits"
     assert load_narration_numbers(tmp_path / "words", "workcell") == "words"
     child = dict(data_dir="d", out_dir="o", init_from=str(tmp_path / "words"))
-    assert train.TrainConfig(**child).narration_style == "words"
-    assert train.TrainConfig(**child, narration_numbers="digits").narration_style == "digits"
-    assert train.TrainConfig(data_dir="d", out_dir="o").narration_style == "digits"
+    assert TrainConfig(**child).narration_style == "words"
+    assert TrainConfig(**child, narration_numbers="digits").narration_style == "digits"
+    assert TrainConfig(data_dir="d", out_dir="o").narration_style == "digits"
     with pytest.raises(ValueError, match="narration_numbers"):
-        train.TrainConfig(data_dir="d", out_dir="o", narration_numbers="roman")
+        TrainConfig(data_dir="d", out_dir="o", narration_numbers="roman")
 
 
 def test_delta_action_training_is_served_as_absolute_targets(demos_dir, tmp_path) -> None:
@@ -420,23 +410,6 @@ def test_device_data_trains_as_the_host_batches_do(trained, demos_dir, tmp_path)
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
 
 
-def _workcell_samples(demos_dir):
-    config = get_model_config("workcell")
-    tokenizer = Tokenizer(str(BUNDLED_TOKENIZER_PATH))
-    eps = data.load_episodes(recorder.list_episodes(demos_dir), config)
-    normalizer = Normalizer(data.compute_norm_stats(eps, NormConfig()), NormConfig())
-    return config, data.build_samples(eps, config, tokenizer, normalizer, PromptConfig())
-
-
-def test_device_data_batches_equal_host_batches(demos_dir) -> None:
-    config, samples = _workcell_samples(demos_dir)
-    index = np.array([0, 3, 7, 20])
-    want = train.to_batch(samples.take(index), config.image_keys)
-    got = train.DeviceSamples(samples, config.image_keys).batch(index)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
-
-
 def test_fit_to_deadline_keeps_time_for_compiling_and_a_guard(demos_dir, tmp_path) -> None:
     config = _config(demos_dir, tmp_path, steps=100_000)
     fitted = train.fit_to_deadline(config, left_s=1000.0, step_time_s=0.1)
@@ -461,7 +434,7 @@ def test_deadline_counts_from_when_the_recorded_data_is_loaded(
         clock["now"] += 400.0  # loading takes 400 s of the 1000 left at start-up
         return load_split(config, workers)
 
-    fitted: list[train.TrainConfig] = []
+    fitted: list[TrainConfig] = []
 
     def fake_train(config, episodes):
         assert episodes is not None  # loaded once, before fitting
@@ -488,7 +461,7 @@ def test_the_train_command_takes_the_object_states_preset_unless_given(
 ) -> None:
     """`--object-state poses` alone trains the poses' default preset; `--preset` picks another
     sized for the same state (the state-bins one) and refuses one sized for another."""
-    configs: list[train.TrainConfig] = []
+    configs: list[TrainConfig] = []
 
     def fake_train(config, episodes):
         configs.append(config)
@@ -508,94 +481,3 @@ def test_the_train_command_takes_the_object_states_preset_unless_given(
         assert configs[-1].preset == preset
     with pytest.raises(ValueError, match="sized for"):
         train.main([*argv, "--object-state", "positions", "--preset", "workcell_poses_bins"])
-
-
-def test_image_dropout_masks_every_camera_of_the_dropped_rows(demos_dir) -> None:
-    config, samples = _workcell_samples(demos_dir)
-    batch = train.to_batch(samples.take(np.array([0, 1, 2])), config.image_keys)
-    keep = np.array([True, False, True])
-    dropped = train.drop_images(batch, keep)
-    assert set(dropped.image_masks) == set(config.image_keys)
-    for mask in dropped.image_masks.values():
-        np.testing.assert_array_equal(np.asarray(mask), keep)
-    # Only the masks change, and the batch it came from keeps its cameras.
-    np.testing.assert_array_equal(np.asarray(dropped.tokens), np.asarray(batch.tokens))
-    assert all(np.asarray(m).all() for m in batch.image_masks.values())
-    with pytest.raises(ValueError, match="image_dropout"):
-        train.TrainConfig(data_dir="d", out_dir="o", image_dropout=1.5)
-
-
-def test_a_step_trains_on_the_configured_action_draws(demos_dir) -> None:
-    """The step's action loss is the mean over `action_draws` draws of the loss module's
-    (held-out evaluation keeps one draw); one and two draws give different losses."""
-    config, samples = _workcell_samples(demos_dir)
-    batch = train.to_batch(samples.take(np.array([0, 5])), config.image_keys)
-    vocab = Tokenizer(str(BUNDLED_TOKENIZER_PATH)).vocab_size
-    rng = jax.random.key(3)
-    got = {}
-    for draws in (1, 2):
-        trainer = train.Trainer(
-            train.TrainConfig(data_dir="d", out_dir="o", action_draws=draws),
-            create_model(config, seed=0),
-            vocab,
-        )
-        model = trainer._fns.model(trainer.params)
-        expected = jax.jit(
-            lambda b, m=model, k=draws: (
-                loss.compute_losses(m, rng, b, vocab_size=vocab, action_draws=k).action
-            )
-        )(batch)
-        got[draws] = trainer.step(rng, batch)["action_loss"]
-        assert got[draws] == pytest.approx(float(np.mean(expected)), rel=1e-5)
-    assert abs(got[1] - got[2]) > 1e-3 * got[1]
-    with pytest.raises(ValueError, match="action_draws"):
-        train.TrainConfig(data_dir="d", out_dir="o", action_draws=0)
-
-
-def test_ema_is_what_is_evaluated_and_saved(demos_dir) -> None:
-    """With ema_decay d the trainer keeps d x average + (1 - d) x params after every step,
-    starting at the starting parameters; evaluation, denoised actions and the saved params
-    read the average. The raw parameters move away from it (positive control), and without
-    ema_decay the served parameters are the raw ones."""
-    config, samples = _workcell_samples(demos_dir)
-    batch = train.to_batch(samples.take(np.array([0, 5])), config.image_keys)
-    vocab = Tokenizer(str(BUNDLED_TOKENIZER_PATH)).vocab_size
-    decay = 0.75
-    trainer = train.Trainer(
-        train.TrainConfig(
-            data_dir="d", out_dir="o", ema_decay=decay, peak_lr=3e-3, warmup_steps=1
-        ),
-        create_model(config, seed=0),
-        vocab,
-    )
-    expected = [np.asarray(x, np.float64) for x in trainer.params]
-    for k in range(3):
-        trainer.step(jax.random.key(k), batch)
-        expected = [decay * e + (1 - decay) * np.asarray(p) for e, p in zip(
-            expected, trainer.params, strict=True
-        )]  # fmt: skip
-    for got, want in zip(trainer.ema, expected, strict=True):
-        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-7)
-    gap = max(
-        float(np.max(np.abs(np.asarray(p) - np.asarray(e))))
-        for p, e in zip(trainer.params, trainer.ema, strict=True)
-    )
-    assert gap > 1e-4  # the average is not the last step's parameters
-    assert trainer.served_params is trainer.ema
-    rng = jax.random.key(9)
-    on_ema = trainer._fns.eval(trainer.ema, rng, batch).action
-    on_raw = trainer._fns.eval(trainer.params, rng, batch).action
-    assert not np.allclose(np.asarray(on_ema), np.asarray(on_raw))
-    np.testing.assert_array_equal(np.asarray(trainer.eval_losses(rng, batch).action), on_ema)
-    saved = jax.tree.leaves(trainer.full_params())
-    flat = jax.tree.leaves(
-        nnx.to_pure_dict(jax.tree.unflatten(trainer._fns.treedef, list(trainer.ema)))
-    )
-    for s, e in zip(saved, flat, strict=True):
-        np.testing.assert_array_equal(np.asarray(s)[: np.asarray(e).shape[0]], np.asarray(e))
-    plain = train.Trainer(
-        train.TrainConfig(data_dir="d", out_dir="o"), create_model(config, seed=0), vocab
-    )
-    assert plain.ema is None and plain.served_params is plain.params
-    with pytest.raises(ValueError, match="ema_decay"):
-        train.TrainConfig(data_dir="d", out_dir="o", ema_decay=1.0)

@@ -1,0 +1,1 @@
+"""The humanoid's synthetic sensors (`sim_sensors_node`): camera images and joint states."""

@@ -1,0 +1,2 @@
+"""The perception node (`perception_node`): cameras and joint states fused into ObservationFrames
+at the model's image resolution."""
