@@ -54,8 +54,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "benchmarks"))  # roofline (benchmarks/ is no package)
+sys.path.insert(0, str(ROOT / "benchmarks"))  # roofline, prefill_slots (no package)
 
+import prefill_slots  # noqa: E402
 import roofline  # noqa: E402
 
 from oxygen_ros.engine import model_fns, openpi_reference  # noqa: E402
@@ -186,27 +187,12 @@ def measure(preset: str, runs: int, rounds: int) -> dict[str, object]:
     }
 
 
-def _llm_weights(config: ModelConfig) -> tuple[float, float]:
-    """(parameters, bytes) of the prefix LLM's layer kernels (not the action expert's `_1`)."""
-    state = nnx.state(abstract_model(config), nnx.Param)
-    count = size_bytes = 0.0
-    for path, leaf in nnx.to_flat_state(state):
-        names = [str(p) for p in path]
-        value = leaf.get_value()
-        if "llm" not in names or "layers" not in names or len(value.shape) < 2:
-            continue
-        if any(n.endswith("_1") for n in names):
-            continue
-        count += float(np.prod(value.shape))
-        size_bytes += float(np.prod(value.shape)) * np.dtype(value.dtype).itemsize
-    return count, size_bytes
-
-
 def minimum(config: ModelConfig, rows: int, prefixes: int, vocab: int) -> dict[str, float]:
     """Least bytes and FLOPs of one decode step: `rows` active rows reading `prefixes` stored
     prefixes (40 masked positions, as measured) and FED generated entries each."""
     llm = gemma_config(config.paligemma_variant)
-    params, weight_bytes = _llm_weights(config)
+    _, params, _ = prefill_slots.matmul_weights(config)  # the prefix LLM's layer kernels
+    weight_bytes = params * np.dtype(config.param_dtype).itemsize
     itemsize = np.dtype(config.dtype).itemsize
     per_token_kv = 2.0 * llm.depth * llm.num_kv_heads * llm.head_dim * itemsize
     visible = config.prefix_len - 40

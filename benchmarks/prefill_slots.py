@@ -72,7 +72,7 @@ def _abstract(tree: object) -> object:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), tree)
 
 
-def _matmul_weights(config: ModelConfig) -> tuple[float, float, float]:
+def matmul_weights(config: ModelConfig) -> tuple[float, float, float]:
     """(image tower weights per patch, prefix LLM weights per token, bytes of both), counted
     from the parameter shapes: kernels (2+ dims) of the tower and of the LLM's first expert
     (the action expert, suffix `_1`, and the embedding table are not on the prefix path)."""
@@ -95,7 +95,7 @@ def _matmul_weights(config: ModelConfig) -> tuple[float, float, float]:
 
 
 def minimum(config: ModelConfig, valid_cameras: int) -> dict[str, float]:
-    tower, llm, weight_bytes = _matmul_weights(config)
+    tower, llm, weight_bytes = matmul_weights(config)
     patches = config.num_image_tokens * valid_cameras
     tokens = patches + 40  # the prompt's valid tokens
     gemma = gemma_config(config.paligemma_variant)
