@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import lzma
+import os
 import pathlib
 import re
 import shutil
@@ -144,6 +146,10 @@ BUNDLED = {
     "psutil": IF_MISSING,
 }
 ARCHIVE = "wheels.tar.xz"
+ARCHIVE_FORMAT = 2  # of write_archive's cached stream: a change invalidates the cache
+CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / (
+    "oxygen_ros/gpu_bundle"
+)
 LZMA_PRESET = 2  # 40 s for both Pythons on 2 cores; preset 6 saves 4 MiB more in 2 min
 ENGINE_DIST = "oxygen-ros-engine"  # setup.py's wheel: oxygen_ros.engine only
 # benchmarks/gpu_bench.py and the pieces it imports or loads from its own folder
@@ -256,23 +262,62 @@ def store_uncompressed(wheel: pathlib.Path, dest: pathlib.Path) -> None:
             zout.writestr(info, zin.read(member), compress_type=zipfile.ZIP_STORED)
 
 
-def write_archive(stage: pathlib.Path, files: list[str], path: pathlib.Path) -> None:
-    """`files` of `stage` as one xz tar, in name order (a package's builds side by side), with a
-    dictionary larger than the largest stored wheel so the second build costs little."""
-    largest = max((stage / f).stat().st_size for f in files)
-    dict_size = min(max(1 << 26, 1 << (largest - 1).bit_length()), 1 << 28)
+def _tar_member(stage: pathlib.Path, file: str) -> bytes:
+    """One regular file of a ustar/pax archive as `wheels/<file>`: header, data, padding."""
+    data = (stage / file).read_bytes()
+    info = tarfile.TarInfo(f"wheels/{file}")
+    info.size, info.mode, info.mtime = len(data), 0o644, 0
+    header = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    return header + data + bytes(-len(data) % tarfile.BLOCKSIZE)
+
+
+def _xz_stream(members: list[bytes], dict_size: int) -> bytes:
     filters = [{"id": lzma.FILTER_LZMA2, "preset": LZMA_PRESET, "dict_size": dict_size}]
-    with (
-        lzma.open(path, "w", format=lzma.FORMAT_XZ, filters=filters) as raw,
-        tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar,
-    ):
-        for file in files:
-            info = tar.gettarinfo(stage / file, arcname=f"wheels/{file}")
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mtime = 0
-            with (stage / file).open("rb") as f:
-                tar.addfile(info, f)
+    compressor = lzma.LZMACompressor(format=lzma.FORMAT_XZ, filters=filters)
+    return b"".join([*(compressor.compress(m) for m in members), compressor.flush()])
+
+
+def write_archive(
+    stage: pathlib.Path,
+    files: list[str],
+    path: pathlib.Path,
+    fresh: set[str] = frozenset(),
+    cache: pathlib.Path | None = None,
+) -> bool:
+    """`files` of `stage` as one tar in name order (a package's builds side by side), xz with a
+    dictionary larger than the largest stored wheel so the second build costs little.
+
+    The archive is two concatenated xz streams (one tar to any xz reader): the wheels not in
+    `fresh` and then those in `fresh` (the engine wheel, which changes with the source) with the
+    tar's end. Compressing the first costs about 40 s; it depends only on those wheels' bytes,
+    so `cache` keeps it by their digests. Returns whether it came from the cache."""
+    kept = [f for f in files if f not in fresh]
+    largest = max((stage / f).stat().st_size for f in kept)
+    dict_size = min(max(1 << 26, 1 << (largest - 1).bit_length()), 1 << 28)
+    digests = [[f, sha256(stage / f)] for f in kept]
+    key = hashlib.sha256(json.dumps([ARCHIVE_FORMAT, LZMA_PRESET, dict_size, digests]).encode())
+    cached = cache / f"{key.hexdigest()}.xz" if cache is not None else None
+    hit = cached is not None and cached.is_file()
+    if hit:
+        head = cached.read_bytes()
+    else:
+        head = _xz_stream([_tar_member(stage, f) for f in kept], dict_size)
+        if cached is not None:
+            cache.mkdir(parents=True, exist_ok=True)
+            partial = cached.with_suffix(f".{os.getpid()}.part")
+            partial.write_bytes(head)
+            partial.replace(cached)  # atomic: a reader sees all of it or nothing
+            _prune(cache, keep=cached)
+    tail = [_tar_member(stage, f) for f in files if f in fresh] + [bytes(2 * tarfile.BLOCKSIZE)]
+    path.write_bytes(head + _xz_stream(tail, 1 << 20))
+    return hit
+
+
+def _prune(cache: pathlib.Path, keep: pathlib.Path, entries: int = 3) -> None:
+    """At most `entries` archives in the cache (the newest; `keep` among them)."""
+    old = sorted(cache.glob("*.xz"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for stale in [p for p in old if p != keep][entries - 1 :]:
+        stale.unlink(missing_ok=True)
 
 
 def _git_commit() -> str | None:
@@ -293,8 +338,11 @@ def carried_for(host_has: set[str]) -> dict[str, str]:
     }
 
 
-def build(out: pathlib.Path, pythons: list[str], host_has: set[str]) -> dict[str, object]:
-    """Writes the bundle into `out` (emptied first); returns its manifest."""
+def build(
+    out: pathlib.Path, pythons: list[str], host_has: set[str], cache: pathlib.Path | None = CACHE
+) -> dict[str, object]:
+    """Writes the bundle into `out` (emptied first); returns its manifest. `cache` keeps the
+    compressed dependency wheels for the next build (None: compress them anyway)."""
     pins = read_lock()
     missing = [name for name in BUNDLED if canonical(name) not in pins]
     if missing:
@@ -322,7 +370,7 @@ def build(out: pathlib.Path, pythons: list[str], host_has: set[str]) -> dict[str
                 source_sha[wheel.name] = sha256(wheel)
                 store_uncompressed(wheel, stage / wheel.name)
         stored = {f: (sha256(stage / f), (stage / f).stat().st_size) for f in serves}
-        write_archive(stage, sorted(serves), out / ARCHIVE)
+        cached = write_archive(stage, sorted(serves), out / ARCHIVE, {engine.name}, cache)
 
     bench_dir = out / "benchmarks"
     bench_dir.mkdir()
@@ -371,6 +419,7 @@ def build(out: pathlib.Path, pythons: list[str], host_has: set[str]) -> dict[str
         "wheels": wheels,
         "archive": ARCHIVE,
         "archive_sha256": sha256(out / ARCHIVE),
+        "archive_head_cached": cached,  # the dependency wheels' stream came from the cache
         "benchmark_files": list(BENCHMARK_FILES),
         "entry": "benchmarks/gpu_bench.py",
     }
@@ -405,6 +454,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a host Python to carry wheels for (repeatable; default 3.11 and 3.12)",
     )
     parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help=f"compress the dependency wheels even where {CACHE} holds them",
+    )
+    parser.add_argument(
         "--host-has",
         type=pathlib.Path,
         default=None,
@@ -418,7 +472,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    manifest = build(args.out.resolve(), args.pythons, read_host_has(args.host_has))
+    cache = None if args.no_cache else CACHE
+    manifest = build(args.out.resolve(), args.pythons, read_host_has(args.host_has), cache)
     total = int(manifest["total_bytes"])  # type: ignore[call-overload]
     wheels = manifest["wheels"]
     assert isinstance(wheels, list)

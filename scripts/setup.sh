@@ -12,6 +12,7 @@ BUILD="${OXYGEN_BUILD_DIR:-$ROOT/.build}"
 VENV="$BUILD/venv"
 WS="$BUILD/ws"
 PYTHON="${OXYGEN_PYTHON:-python3.11}"
+UV_VERSION=0.13.9
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 mkdir -p "$BUILD"
@@ -38,12 +39,25 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 lock_hash="$(sha256sum "$ROOT/requirements.lock" | cut -d' ' -f1)"
 if [ "$(cat "$VENV/.oxygen_lock_hash" 2>/dev/null)" != "$lock_hash" ]; then
-  log "installing pinned packages from requirements.lock (first run: about 2 minutes)"
+  # uv installs the lock in seconds and keeps the wheels in its cache (~/.cache/uv) for the
+  # next clone; pip takes about 2 minutes on every fresh clone (these registries' answers are
+  # not cacheable for pip). pip's find-links (torch==2.13.0's CPU wheel on the project's
+  # machines) and index URL go to uv too; pip itself stays the fallback.
+  log "installing pinned packages from requirements.lock"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    pip==25.3 setuptools==79.0.1 wheel==0.45.1
-  # torch==2.13.0 resolves to the CPU wheel on the project's machines.
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
-    -r "$ROOT/requirements.lock"
+    pip==25.3 setuptools==79.0.1 wheel==0.45.1 "uv==$UV_VERSION" || true
+  uv_args=()
+  for links in ${PIP_FIND_LINKS:-} $("$VENV/bin/python" -m pip config get global.find-links \
+    2>/dev/null || true); do
+    [ -d "$links" ] && uv_args+=(--find-links "$links")
+  done
+  [ -n "${PIP_INDEX_URL:-}" ] && uv_args+=(--default-index "$PIP_INDEX_URL")
+  if ! "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --no-deps "${uv_args[@]}" \
+    -r "$ROOT/requirements.lock"; then
+    log "uv failed; installing with pip (about 2 minutes)"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+      -r "$ROOT/requirements.lock"
+  fi
   echo "$lock_hash" >"$VENV/.oxygen_lock_hash"
   rm -f "$BUILD/.oxygen_build_hash"
 fi

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness import ProcessLauncher, SpinningNode, ros_test_env
+from harness import JAX_TEST_CACHE, ProcessLauncher, SpinningNode, prune_cache, ros_test_env
 
 # Unique per run: several runs (developers, CI) may share a machine. Valid Fast DDS domain ids on
 # Linux are 0..101 for the default port mapping; avoid 0 (the default everyone else uses).
@@ -22,6 +22,20 @@ _DOMAIN_ID = int(os.environ.get("OXYGEN_TEST_DOMAIN_ID", random.SystemRandom().r
 _LOG_DIR = Path(tempfile.mkdtemp(prefix="oxygen_ros_test_log_"))
 os.environ.update(ros_test_env(_LOG_DIR, _DOMAIN_ID))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent XLA cache for this process and every node process the tests start, outside
+# the clone so that a later clone on the same machine reuses it (a cache hit is keyed on the
+# HLO, the flags and the JAX version: deterministic). Tests about the cache itself set their
+# own directory. Every compilation is kept, not only those over JAX's default 1 s. Its size is
+# bounded here, before the run (JAX's own bound, JAX_COMPILATION_CACHE_MAX_SIZE, fails every
+# later write once one process wrote without it).
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_TEST_CACHE))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+prune_cache(Path(os.environ["JAX_COMPILATION_CACHE_DIR"]), max_bytes=4 * 2**30)
+if "jax" in sys.modules:  # a plugin imported JAX before this file: its config is read already
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
 @pytest.fixture(scope="session")

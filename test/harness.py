@@ -6,6 +6,7 @@ condition with a deadline and fails with a message naming what did not happen.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -205,6 +206,33 @@ class SpinningNode:
             self.context.try_shutdown()
         if self.spin_error is not None:
             raise AssertionError(f"{self.name}'s spin thread died") from self.spin_error
+
+
+# The XLA cache of test runs (test/conftest.py puts it in the environment of every process).
+_CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+JAX_TEST_CACHE = _CACHE_HOME / "oxygen_ros" / "jax_tests"
+
+
+def prune_cache(directory: Path, max_bytes: int) -> list[Path]:
+    """Deletes the least recently used files of `directory` until it holds at most half of
+    `max_bytes`, once it holds more than `max_bytes`; returns what it deleted. A file another
+    process is reading as it goes is a cache miss there, not an error."""
+    entries = []
+    for path in directory.glob("*") if directory.is_dir() else []:
+        with contextlib.suppress(FileNotFoundError):
+            stat = path.stat()
+            entries.append((max(stat.st_atime, stat.st_mtime), stat.st_size, path))
+    total = sum(size for _, size, _ in entries)
+    deleted: list[Path] = []
+    if total <= max_bytes:
+        return deleted
+    for _, size, path in sorted(entries):
+        if total <= max_bytes // 2:
+            break
+        path.unlink(missing_ok=True)
+        total -= size
+        deleted.append(path)
+    return deleted
 
 
 def ros_test_env(log_dir: Path, domain_id: int) -> dict[str, str]:

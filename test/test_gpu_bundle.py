@@ -7,18 +7,24 @@ from there, so a module the bundle lacks fails the run."""
 from __future__ import annotations
 
 import ast
+import fcntl
+import hashlib
 import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from harness import JAX_TEST_CACHE
 
 ROOT = Path(__file__).resolve().parents[1]
+HOST_VENVS = JAX_TEST_CACHE.parent / "gpu_bundle_test_hosts"
 LAST_LINE = re.compile(
     r"^gpu_bench device=cpu action_hz=[0-9.]+ tokens_per_s=[0-9]+ "
     r"speedup_vs_isolated=[0-9.]+ chunk_every_143ms=(yes|no) openpi_equal=yes complete=yes$"
@@ -49,13 +55,21 @@ def _venv(path: Path) -> Path:
 
 
 def _bare_env(**extra: str) -> dict[str, str]:
-    """No PYTHONPATH, venv, ROS or pip configuration of this machine's."""
+    """No PYTHONPATH, venv, ROS or pip configuration of this machine's. The test run's XLA
+    cache (test/conftest.py) holds executables, not modules: the smoke benchmark compiles what
+    test_gpu_bench's smoke run compiled, with the same JAX."""
+    cache = {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT"))
+    }
     return {
         "PATH": "/usr/bin:/bin",
         "HOME": os.environ.get("HOME", "/root"),
         "PIP_CONFIG_FILE": os.devnull,
         "JAX_PLATFORMS": "cpu",
         "LANG": "C.UTF-8",
+        **cache,
         **extra,
     }
 
@@ -74,20 +88,51 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def host_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with exactly HOST_PROVIDES at the lock's versions (pip's usual sources:
-    torch==2.13.0 is the CPU wheel on these machines' disk)."""
-    python = _venv(tmp_path_factory.mktemp("host") / "venv")
-    pins = gpu_bundle.read_lock()
-    reqs = [f"{name}=={pins[gpu_bundle.canonical(name)]}" for name in gpu_bundle.HOST_PROVIDES]
-    proc = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", *reqs],
+def _freeze(python: Path) -> list[str]:
+    """What a venv holds beyond pip itself, as `name==version`, sorted."""
+    listing = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format=freeze", "--disable-pip-version-check"],
         capture_output=True,
         text=True,
-        timeout=900,
+        env=_bare_env(),
+        check=True,
+    ).stdout.split()
+    return sorted(line for line in listing if not line.startswith(("pip==", "setuptools==")))
+
+
+@pytest.fixture(scope="module")
+def host_python() -> Path:
+    """A venv with exactly HOST_PROVIDES at the lock's versions (pip's usual sources:
+    torch==2.13.0 is the CPU wheel on these machines' disk), without their dependencies.
+
+    Deterministic, so kept between runs under the user's cache, by the pins and this Python
+    (installing torch and jaxlib takes most of a minute): it is made once under a lock, and
+    used again only while it holds exactly what it was made with (else made anew). The smoke
+    test checks that a run leaves it as it was."""
+    pins = gpu_bundle.read_lock()
+    reqs = sorted(
+        f"{name}=={pins[gpu_bundle.canonical(name)]}" for name in gpu_bundle.HOST_PROVIDES
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    key = hashlib.sha256(json.dumps([reqs, _base_python(), sys.version]).encode()).hexdigest()
+    home = HOST_VENVS / key[:16]
+    python = home / "venv" / "bin" / "python"
+    HOST_VENVS.mkdir(parents=True, exist_ok=True)
+    with (HOST_VENVS / f"{key[:16]}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another run making the same venv: wait for it
+        ready = home / "freeze.json"
+        made = json.loads(ready.read_text()) if ready.is_file() and python.is_file() else None
+        if made is not None and _freeze(python) == made:
+            return python
+        shutil.rmtree(home, ignore_errors=True)
+        _venv(home / "venv")
+        proc = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "--no-deps", *reqs],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        ready.write_text(json.dumps(_freeze(python)))
     return python
 
 
@@ -161,6 +206,8 @@ def test_installed_with_no_index_on_a_bare_host_the_smoke_benchmark_runs(
     assert document["ran"] is True and document["smoke"] is True
     assert document["openpi_equal"] is True and document["complete"] is True
     assert [r["method"] for r in document["results"]][:3] == ["isolated", "shared_kv", "cb_k5"]
+    # The bundle went to the scratch directory; the host's environment is as it was.
+    assert _freeze(host_python) == json.loads((host_python.parents[2] / "freeze.json").read_text())
 
 
 @pytest.mark.slow
@@ -248,3 +295,41 @@ def test_host_has_leaves_out_only_if_missing_wheels(tmp_path: Path) -> None:
     assert "flax" not in carried and "tensorstore" not in carried
     assert carried["jaxtyping"] == "always"  # the host's jaxtyping 0.3 breaks openpi
     assert set(gpu_bundle.carried_for(set())) == set(gpu_bundle.BUNDLED)
+
+
+def _members(archive: Path) -> dict[str, bytes]:
+    with tarfile.open(archive, "r:xz") as tar:  # the host's reader (gpu_host_run)
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def test_the_archive_reuses_the_cached_dependencies_only_while_their_bytes_are_the_same(
+    tmp_path: Path,
+) -> None:
+    stage, cache = tmp_path / "stage", tmp_path / "cache"
+    stage.mkdir()
+    files = {"a-1-py3-none-any.whl": b"a" * 5000, "b-2-py3-none-any.whl": os.urandom(3000)}
+    files["oxygen_ros_engine-0-py3-none-any.whl"] = b"engine v1"
+    for name, data in files.items():
+        (stage / name).write_bytes(data)
+    engine = {"oxygen_ros_engine-0-py3-none-any.whl"}
+
+    def write(out: str) -> tuple[bool, dict[str, bytes]]:
+        hit = gpu_bundle.write_archive(stage, sorted(files), tmp_path / out, engine, cache)
+        return hit, _members(tmp_path / out)
+
+    expected = {f"wheels/{name}": data for name, data in files.items()}
+    assert write("first.tar.xz") == (False, expected)  # compressed and kept
+    assert write("second.tar.xz") == (True, expected)  # from the cache
+    # The engine wheel changed: the dependencies still come from the cache, with the new engine.
+    files["oxygen_ros_engine-0-py3-none-any.whl"] = b"engine v2"
+    (stage / "oxygen_ros_engine-0-py3-none-any.whl").write_bytes(b"engine v2")
+    expected["wheels/oxygen_ros_engine-0-py3-none-any.whl"] = b"engine v2"
+    assert write("third.tar.xz") == (True, expected)
+    # A dependency changed: compressed again (control: the cache is keyed by the bytes).
+    (stage / "a-1-py3-none-any.whl").write_bytes(b"A" * 5000)
+    expected["wheels/a-1-py3-none-any.whl"] = b"A" * 5000
+    assert write("fourth.tar.xz") == (False, expected)
+    # Without a cache it is the same archive.
+    hit = gpu_bundle.write_archive(stage, sorted(files), tmp_path / "plain.tar.xz", engine, None)
+    assert not hit and _members(tmp_path / "plain.tar.xz") == expected
+    assert len(list(cache.glob("*.xz"))) == 2

@@ -3,10 +3,11 @@ come back to the caller, and the thread keeps spinning afterwards."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
-from harness import SpinningNode, wait_for
+from harness import SpinningNode, prune_cache, wait_for
 from rclpy.action import ActionClient
 from std_msgs.msg import String
 
@@ -66,3 +67,15 @@ def test_a_spin_thread_that_died_is_reported_at_close() -> None:
     assert isinstance(view.spin_error, ValueError)
     with pytest.raises(AssertionError, match="test_harness_dies's spin thread died"):
         view.close()
+
+
+def test_prune_cache_deletes_the_least_recently_used_down_to_half(tmp_path) -> None:
+    for age, name in enumerate(["newest", "new", "old", "oldest"]):
+        path = tmp_path / name
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (1_000_000 - age * 10, 1_000_000 - age * 10))
+    assert prune_cache(tmp_path, max_bytes=400) == []  # control: at the bound, nothing goes
+    deleted = prune_cache(tmp_path, max_bytes=399)
+    assert [p.name for p in deleted] == ["oldest", "old", "new"]  # down to 199 bytes
+    assert [p.name for p in tmp_path.iterdir()] == ["newest"]
+    assert prune_cache(tmp_path / "absent", max_bytes=0) == []

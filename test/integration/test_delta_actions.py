@@ -28,7 +28,6 @@ to match). No periodic language requests run.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from pathlib import Path
 
@@ -65,7 +64,6 @@ TIME_OFFSET_S = 60.0  # row 0 at observation stamp + 60 s: no row has passed at 
 MAX_CHUNK_AGE_S = 600.0
 OBSERVATION_TOPIC = "/delta_actions_test/observation"
 NAMESPACES = {"absolute": "/absolute", "delta": "/delta"}
-JAX_CACHE = Path(os.environ.get("OXYGEN_BUILD_DIR", ROOT / ".build")) / "jax_cache"
 ENGINE_START_TIMEOUT_S = 240.0  # JAX import + model init on 2 busy cores (first run: compiles)
 FIRST_CHUNK_TIMEOUT_S = 240.0  # the first frame compiles prefill and denoise (cached: seconds)
 # Observations are best effort: the frame is sent again when a node has not counted it
@@ -151,8 +149,6 @@ def observation(stamp: float) -> ObservationFrame:
 
 
 def test_delta_actions_round_trip_over_dds(launcher, ros_node, tmp_path) -> None:
-    launcher.env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
-    launcher.env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     node = ros_node.node
     chunks = {
         space: ros_node.collect(ActionChunk, f"{ns}/oxygen/actions", DEEP_QOS)

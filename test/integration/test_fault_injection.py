@@ -66,7 +66,6 @@ HERE = Path(__file__).resolve().parent
 _YAML = yaml.safe_load(PARAMS.read_text())
 JOINTS: list[str] = _YAML["/**"]["ros__parameters"]["joint_names"]
 _CAMS = _YAML["/**"]["ros__parameters"]["cameras"]
-JAX_CACHE = Path(os.environ.get("OXYGEN_BUILD_DIR", ROOT / ".build")) / "jax_cache"
 ENGINE_START_TIMEOUT_S = 240.0  # JAX import + model init + compiles (cached: ~15 s)
 SHUTDOWN_LIMIT_S = 5.0  # "exits 0 within a few seconds"
 DIAG_PERIOD_S = 0.1
@@ -482,8 +481,6 @@ def rig(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FASTDDS_BUILTIN_TRANSPORTS", "UDPv4")
         env = dict(os.environ)  # conftest put this run's domain id and LOCALHOST discovery here
-        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
-        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
         r = Rig(workdir, env)
     try:
         r.start_perception()
@@ -1381,8 +1378,6 @@ def test_perception_and_inference_in_two_network_namespaces(tmp_path: Path) -> N
             ip("-n", ns, "link", "set", dev, "up")
             ip("-n", ns, "route", "add", "224.0.0.0/4", "dev", dev)  # DDS discovery multicast
         env = dict(os.environ)
-        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
-        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
         env.update(ROS_AUTOMATIC_DISCOVERY_RANGE="SUBNET", FASTDDS_BUILTIN_TRANSPORTS="UDPv4")
         env_a = dict(env, ROS_STATIC_PEERS=f"{subnet}.2")
         env_b = dict(env, ROS_STATIC_PEERS=f"{subnet}.1")

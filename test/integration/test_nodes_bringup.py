@@ -19,7 +19,6 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS = ROOT / "config" / "humanoid.yaml"
-JAX_CACHE = Path(os.environ.get("OXYGEN_BUILD_DIR", ROOT / ".build")) / "jax_cache"
 
 
 def params_file(tmp_path: Path) -> Path:
@@ -44,7 +43,6 @@ def gone(pid: int) -> bool:
 
 
 def test_bringup_streams_and_stops_on_sigint(launcher, ros_node, tmp_path) -> None:
-    launcher.env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
     actions = ros_node.collect(ActionChunk, "oxygen/actions", RELIABLE_QOS)
     speech = ros_node.collect(SpeechToken, "oxygen/speech", SPEECH_QOS)
     proc = launcher.start(
@@ -112,7 +110,6 @@ def test_namespaced_bringup_applies_each_nodes_yaml_section_and_the_overrides(
 
     from oxygen_ros import graph
 
-    launcher.env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
     data = yaml.safe_load(params_file(tmp_path).read_text())
     expected = {
         "sim_sensors": {"joint_rate_hz": 20.0},

@@ -51,9 +51,6 @@ PARAMS = ROOT / "config" / "humanoid.yaml"
 _YAML = yaml.safe_load(PARAMS.read_text())
 JOINTS = _YAML["/**"]["ros__parameters"]["joint_names"]
 MEMORY_PERIOD_S = float(graph_params.node_parameters(_YAML, "inference")["memory_period_s"])
-# Shared with the bring-up tests and benchmarks/ros_bench.py: compiled once, reused by every
-# later engine start (restarts and later runs take seconds instead of tens of seconds).
-JAX_CACHE = Path(os.environ.get("OXYGEN_BUILD_DIR", ROOT / ".build")) / "jax_cache"
 ENGINE_START_TIMEOUT_S = 240.0  # JAX import + model init + first compiles on 2 busy cores
 RATE_WINDOW_S = 6.0
 DEEP_QOS = QoSProfile(depth=2000, reliability=QoSReliabilityPolicy.RELIABLE)
@@ -192,8 +189,6 @@ def inference_value(diagnostics, key: str) -> str:
 def graph(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("graph")
     env = dict(os.environ)  # conftest put this run's domain id and LOCALHOST discovery here
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
-    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     launcher = ProcessLauncher(env=env, workdir=workdir)
     view = SpinningNode("test_nodes_graph")
     g = Graph(launcher, view, workdir / "memory.sqlite3")

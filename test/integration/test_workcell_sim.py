@@ -42,7 +42,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS = ROOT / "config" / "workcell.yaml"
-JAX_CACHE = Path(os.environ.get("OXYGEN_BUILD_DIR", ROOT / ".build")) / "jax_cache"
 ENGINE_START_TIMEOUT_S = 240.0  # JAX import + model init + first compiles on 2 busy cores
 OVERRIDES = """
 workcell_sim:
@@ -164,8 +163,6 @@ def sim(tmp_path_factory):
     override = workdir / "override.yaml"
     override.write_text(OVERRIDES)
     env = dict(os.environ)  # conftest put this run's domain id and LOCALHOST discovery here
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
-    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     launcher = ProcessLauncher(env=env, workdir=workdir)
     probe = Probe()
     files = ["--params-file", str(PARAMS), "--params-file", str(override)]
