@@ -39,10 +39,12 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 lock_hash="$(sha256sum "$ROOT/requirements.lock" | cut -d' ' -f1)"
 if [ "$(cat "$VENV/.oxygen_lock_hash" 2>/dev/null)" != "$lock_hash" ]; then
-  # uv installs the lock in seconds and keeps the wheels in its cache (~/.cache/uv) for the
+  # uv installs the lock in about 20 s and keeps the wheels in its cache (~/.cache/uv) for the
   # next clone; pip takes about 2 minutes on every fresh clone (these registries' answers are
   # not cacheable for pip). pip's find-links (torch==2.13.0's CPU wheel on the project's
-  # machines) and index URL go to uv too; pip itself stays the fallback.
+  # machines) and index URL go to uv too; pip itself stays the fallback. Bytecode is compiled
+  # at install, as pip does: with PYTHONDONTWRITEBYTECODE set (these machines set it) every
+  # process would otherwise compile every module it imports.
   log "installing pinned packages from requirements.lock"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
     pip==25.3 setuptools==79.0.1 wheel==0.45.1 "uv==$UV_VERSION" || true
@@ -52,8 +54,8 @@ if [ "$(cat "$VENV/.oxygen_lock_hash" 2>/dev/null)" != "$lock_hash" ]; then
     [ -d "$links" ] && uv_args+=(--find-links "$links")
   done
   [ -n "${PIP_INDEX_URL:-}" ] && uv_args+=(--default-index "$PIP_INDEX_URL")
-  if ! "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --no-deps "${uv_args[@]}" \
-    -r "$ROOT/requirements.lock"; then
+  if ! "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --no-deps --compile-bytecode \
+    "${uv_args[@]}" -r "$ROOT/requirements.lock"; then
     log "uv failed; installing with pip (about 2 minutes)"
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
       -r "$ROOT/requirements.lock"
