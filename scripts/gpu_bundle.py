@@ -279,23 +279,25 @@ def _xz_stream(members: list[bytes], dict_size: int) -> bytes:
 
 def write_archive(
     stage: pathlib.Path,
-    files: list[str],
+    digests: dict[str, str],
     path: pathlib.Path,
     fresh: set[str] = frozenset(),
     cache: pathlib.Path | None = None,
 ) -> bool:
-    """`files` of `stage` as one tar in name order (a package's builds side by side), xz with a
-    dictionary larger than the largest stored wheel so the second build costs little.
+    """The files of `stage` named in `digests` (file -> sha256, as build() computed them) as one
+    tar in name order (a package's builds side by side), xz with a dictionary larger than the
+    largest stored wheel so the second build costs little.
 
     The archive is two concatenated xz streams (one tar to any xz reader): the wheels not in
     `fresh` and then those in `fresh` (the engine wheel, which changes with the source) with the
     tar's end. Compressing the first costs about 40 s; it depends only on those wheels' bytes,
     so `cache` keeps it by their digests. Returns whether it came from the cache."""
+    files = sorted(digests)
     kept = [f for f in files if f not in fresh]
     largest = max((stage / f).stat().st_size for f in kept)
     dict_size = min(max(1 << 26, 1 << (largest - 1).bit_length()), 1 << 28)
-    digests = [[f, sha256(stage / f)] for f in kept]
-    key = hashlib.sha256(json.dumps([ARCHIVE_FORMAT, LZMA_PRESET, dict_size, digests]).encode())
+    identity = [[f, digests[f]] for f in kept]
+    key = hashlib.sha256(json.dumps([ARCHIVE_FORMAT, LZMA_PRESET, dict_size, identity]).encode())
     cached = cache / f"{key.hexdigest()}.xz" if cache is not None else None
     hit = cached is not None and cached.is_file()
     if hit:
@@ -370,7 +372,8 @@ def build(
                 source_sha[wheel.name] = sha256(wheel)
                 store_uncompressed(wheel, stage / wheel.name)
         stored = {f: (sha256(stage / f), (stage / f).stat().st_size) for f in serves}
-        cached = write_archive(stage, sorted(serves), out / ARCHIVE, {engine.name}, cache)
+        digests = {f: digest for f, (digest, _) in stored.items()}
+        cached = write_archive(stage, digests, out / ARCHIVE, {engine.name}, cache)
 
     bench_dir = out / "benchmarks"
     bench_dir.mkdir()

@@ -314,7 +314,8 @@ def test_the_archive_reuses_the_cached_dependencies_only_while_their_bytes_are_t
     engine = {"oxygen_ros_engine-0-py3-none-any.whl"}
 
     def write(out: str) -> tuple[bool, dict[str, bytes]]:
-        hit = gpu_bundle.write_archive(stage, sorted(files), tmp_path / out, engine, cache)
+        digests = {name: gpu_bundle.sha256(stage / name) for name in files}
+        hit = gpu_bundle.write_archive(stage, digests, tmp_path / out, engine, cache)
         return hit, _members(tmp_path / out)
 
     expected = {f"wheels/{name}": data for name, data in files.items()}
@@ -330,6 +331,7 @@ def test_the_archive_reuses_the_cached_dependencies_only_while_their_bytes_are_t
     expected["wheels/a-1-py3-none-any.whl"] = b"A" * 5000
     assert write("fourth.tar.xz") == (False, expected)
     # Without a cache it is the same archive.
-    hit = gpu_bundle.write_archive(stage, sorted(files), tmp_path / "plain.tar.xz", engine, None)
+    digests = {name: gpu_bundle.sha256(stage / name) for name in files}
+    hit = gpu_bundle.write_archive(stage, digests, tmp_path / "plain.tar.xz", engine, None)
     assert not hit and _members(tmp_path / "plain.tar.xz") == expected
     assert len(list(cache.glob("*.xz"))) == 2
