@@ -51,6 +51,10 @@ perception:
     model_preset: {PRESET}
     # No inference node here: the simulator's own latched instruction starts each task.
     task_instruction_topic: oxygen/instruction
+    # Frames wait for each reset's instruction however loaded the machine: at the default 1 s
+    # a clean-clone CI run once went on with the previous target (the second episode's first
+    # frame carried its red cube, not the blue one). The timeout is test_perception_cubes'.
+    reset_instruction_timeout_s: 30.0
 """
 SEEDS = (3, 4)  # the red cube to the left, then the blue cube to the right
 STATE_NAMES = (*robot.JOINT_NAMES, *workcell_cubes.TARGET_STATE_NAMES)
@@ -150,18 +154,23 @@ def test_first_frame_after_each_reset_is_the_one_training_builds(
             joints = len(robot.JOINT_NAMES)
             np.testing.assert_allclose(state[:joints], expected.state[:joints], atol=JOINT_TOL)
             cube = [k for k in range(joints, len(STATE_NAMES)) if k not in YAW]
-            np.testing.assert_allclose(state[cube], expected.state[cube], atol=CUBE_TOL)
+            np.testing.assert_allclose(
+                state[cube], expected.state[cube], atol=CUBE_TOL, err_msg=f"seed {seed}"
+            )
             np.testing.assert_allclose(state[YAW], expected.state[YAW], atol=YAW_TOL)
             assert set(images) == set(expected.images)  # every camera, in its model slot
             for slot, image in images.items():
                 error = np.abs(image.astype(float) - expected.images[slot]).mean()
                 assert error < PIXEL_TOL, f"seed {seed} {slot}: mean |difference| {error:.2f}"
-        # Perception learnt each reset from the episode status (the start no clock can lag).
+        # Perception learnt each reset from the episode status (the start no clock can lag),
+        # and each episode's target from its instruction (none went on without it).
         wait_for(
             lambda: perception_count(diags, "cube_state.resets") == len(SEEDS),
             30,
             lambda: f"{len(SEEDS)} resets counted, {perception_count(diags, 'cube_state.resets')}",
         )
+        assert perception_count(diags, "cube_state.tasks") >= len(SEEDS)
+        assert perception_count(diags, "cube_state.instruction_timeouts") == 0
         # Positive control: the same checks tell the two episodes' frames apart.
         joints = len(robot.JOINT_NAMES)
         a, b = (built[s] for s in SEEDS)
