@@ -4,7 +4,6 @@ private log directory, set before anything imports rclpy."""
 from __future__ import annotations
 
 import os
-import random
 import re
 import sys
 import tempfile
@@ -14,11 +13,18 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness import JAX_TEST_CACHE, ProcessLauncher, SpinningNode, prune_cache, ros_test_env
+from harness import (
+    JAX_TEST_CACHE,
+    ProcessLauncher,
+    SpinningNode,
+    domain_id_for,
+    prune_cache,
+    ros_test_env,
+)
 
-# Unique per run: several runs (developers, CI) may share a machine. Valid Fast DDS domain ids on
-# Linux are 0..101 for the default port mapping; avoid 0 (the default everyone else uses).
-_DOMAIN_ID = int(os.environ.get("OXYGEN_TEST_DOMAIN_ID", random.SystemRandom().randint(1, 101)))
+# The run's own ROS domain (per pytest-xdist worker: `harness.domain_id_for`).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # unset without xdist and in its controller
+_DOMAIN_ID = domain_id_for(dict(os.environ))
 _LOG_DIR = Path(tempfile.mkdtemp(prefix="oxygen_ros_test_log_"))
 os.environ.update(ros_test_env(_LOG_DIR, _DOMAIN_ID))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -30,7 +36,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # later write once one process wrote without it).
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_TEST_CACHE))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-prune_cache(Path(os.environ["JAX_COMPILATION_CACHE_DIR"]), max_bytes=4 * 2**30)
+if _WORKER is None:  # once per run: xdist's controller prunes before its workers start
+    prune_cache(Path(os.environ["JAX_COMPILATION_CACHE_DIR"]), max_bytes=4 * 2**30)
 if "jax" in sys.modules:  # a plugin imported JAX before this file: its config is read already
     import jax
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -233,6 +234,26 @@ def prune_cache(directory: Path, max_bytes: int) -> list[Path]:
         total -= size
         deleted.append(path)
     return deleted
+
+
+MAX_WORKERS = 8  # pytest-xdist workers with a domain of their own (pyproject: at most 6)
+XDIST_RUN_BLOCKS = 12  # blocks of MAX_WORKERS domains: 1..96
+
+
+def domain_id_for(env: dict[str, str]) -> int:
+    """The ROS domain id of a test process with environment `env`. Several runs (developers,
+    CI) may share a machine, so each picks its own; Fast DDS's valid ids on Linux are 0..101
+    for the default port mapping, and 0 is left to everyone else. Under pytest-xdist (`-n N`)
+    each worker is a process of its own: the run's id (shared by its workers) picks a block of
+    `MAX_WORKERS` domains and the worker's number one in it, so the workers' graphs never see
+    each other. `OXYGEN_TEST_DOMAIN_ID` overrides."""
+    if "OXYGEN_TEST_DOMAIN_ID" in env:
+        return int(env["OXYGEN_TEST_DOMAIN_ID"])
+    worker = env.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... (unset without xdist)
+    if worker is None:
+        return random.SystemRandom().randint(1, 101)
+    block = random.Random(env.get("PYTEST_XDIST_TESTRUNUID", "")).randrange(XDIST_RUN_BLOCKS)
+    return 1 + block * MAX_WORKERS + int(worker.removeprefix("gw")) % MAX_WORKERS
 
 
 def ros_test_env(log_dir: Path, domain_id: int) -> dict[str, str]:

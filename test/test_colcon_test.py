@@ -33,10 +33,11 @@ def colcon_env() -> dict[str, str]:
         k: v
         for k, v in os.environ.items()
         if k not in ("PYTHONPATH", "AMENT_PREFIX_PATH", "CMAKE_PREFIX_PATH", "COLCON_PREFIX_PATH")
+        and not k.startswith("PYTEST_XDIST")  # this process's worker: not the inner run's
     }
     env["PATH"] = f"{VENV / 'bin'}:{env.get('PATH', '')}"
     env["AMENT_PREFIX_PATH"] = env["CMAKE_PREFIX_PATH"] = str(VENV)
-    env["PYTEST_ADDOPTS"] = f"-k '{SELECTED}'"
+    env["PYTEST_ADDOPTS"] = f"-n 0 -k '{SELECTED}'"  # a few seconds: no workers
     return env
 
 

@@ -7,7 +7,7 @@ import os
 import threading
 
 import pytest
-from harness import SpinningNode, prune_cache, wait_for
+from harness import MAX_WORKERS, SpinningNode, domain_id_for, prune_cache, wait_for
 from rclpy.action import ActionClient
 from std_msgs.msg import String
 
@@ -79,3 +79,17 @@ def test_prune_cache_deletes_the_least_recently_used_down_to_half(tmp_path) -> N
     assert [p.name for p in deleted] == ["oldest", "old", "new"]  # down to 199 bytes
     assert [p.name for p in tmp_path.iterdir()] == ["newest"]
     assert prune_cache(tmp_path / "absent", max_bytes=0) == []
+
+
+def test_xdist_workers_of_one_run_get_domains_of_their_own() -> None:
+    runs = [{"PYTEST_XDIST_TESTRUNUID": f"run{k}"} for k in range(20)]
+    for run in runs:
+        ids = [domain_id_for({**run, "PYTEST_XDIST_WORKER": f"gw{w}"}) for w in range(6)]
+        assert len(set(ids)) == len(ids) and all(1 <= i <= 101 for i in ids), ids
+        # The same run and worker: the same domain in every process that computes it.
+        assert ids[3] == domain_id_for({**run, "PYTEST_XDIST_WORKER": "gw3"})
+    # Runs spread over the blocks (control: the run id is read at all).
+    first = {domain_id_for({**run, "PYTEST_XDIST_WORKER": "gw0"}) for run in runs}
+    assert len(first) > 1 and all((i - 1) % MAX_WORKERS == 0 for i in first)
+    assert domain_id_for({"OXYGEN_TEST_DOMAIN_ID": "42", "PYTEST_XDIST_WORKER": "gw1"}) == 42
+    assert 1 <= domain_id_for({}) <= 101
