@@ -64,3 +64,12 @@ def ros_node(request):
     node = SpinningNode(re.sub(r"\W", "_", f"test_{request.node.name}")[:60])
     yield node
     node.close()
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Files with slow tests run first (stable: each file's own order is kept). pytest-xdist
+    hands out whole files (`--dist loadfile`) in collection order, so the long files start early
+    and the short ones fill in at the end, instead of a long file last keeping one worker busy
+    while the other has nothing left."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
