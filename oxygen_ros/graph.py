@@ -16,6 +16,9 @@ Invariants:
 - `model_preset` overrides perception's and inference's parameter alike (perception converts
   images to the preset's resolution, the only one inference accepts); `checkpoint_dir`
   reaches inference only.
+- Inference activates without a checkpoint only in simulation (`use_sim:=true` sets its
+  `allow_random_weights`) or when `allow_random_weights:=true` asks for it; outside simulation
+  it stays inactive (its parameter's default), so a robot never moves under random weights.
 """
 
 from __future__ import annotations
@@ -64,6 +67,12 @@ LAUNCH_ARGUMENTS: tuple[LaunchArgument, ...] = (
         "false",
         "start the profile's simulator: synthetic sensors (humanoid) or the workcell "
         "simulation (true/false)",
+    ),
+    LaunchArgument(
+        "allow_random_weights",
+        "",
+        "without a checkpoint, activate inference anyway (true: a stand's plumbing test; "
+        "empty: only in simulation, use_sim:=true; false: never)",
     ),
     LaunchArgument(
         "policy",
@@ -132,7 +141,7 @@ NODES: tuple[NodeSpec, ...] = (
         "inference_node",
         "oxygen_ros.nodes.inference.inference_node",
         "inference",
-        overridable=("model_preset", "checkpoint_dir"),
+        overridable=("model_preset", "checkpoint_dir", "allow_random_weights"),
         policy="model",
     ),
     NodeSpec(
@@ -152,7 +161,7 @@ class ResolvedNode:
     spec: NodeSpec
     namespace: str  # "" or a namespace without a trailing slash
     params_file: str  # absolute path of the YAML file
-    overrides: dict[str, str | float] = field(default_factory=dict)  # parameter -> value
+    overrides: dict[str, str | float | bool] = field(default_factory=dict)  # parameter -> value
     remappings: tuple[tuple[str, str], ...] = ()  # (from, to) topic remappings
 
     @property
@@ -290,9 +299,16 @@ def resolve(arguments: Mapping[str, str]) -> list[ResolvedNode]:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     if not any(profile in n.profiles and n.policy == policy for n in NODES):
         raise ValueError(f"policy {policy!r} is not available for profile {profile!r}")
-    overrides_by_name: dict[str, str | float] = {
+    overrides_by_name: dict[str, str | float | bool] = {
         k: values[k] for k in ("model_preset", "checkpoint_dir") if values[k] != ""
     }
+    # A simulator's graph may serve random weights; a robot's only when asked to.
+    if values["allow_random_weights"] != "" or use_sim:
+        overrides_by_name["allow_random_weights"] = (
+            parse_bool(values["allow_random_weights"])
+            if values["allow_random_weights"] != ""
+            else True
+        )
     if values["real_time_factor"] != "":
         overrides_by_name["real_time_factor"] = parse_factor(values["real_time_factor"])
     if values["next_episode_after_s"] != "":

@@ -42,7 +42,11 @@ def test_use_sim_adds_sensors_first_and_overrides_reach_their_nodes(tmp_path) ->
         }
     )
     assert [n.spec.name for n in nodes] == ["sim_sensors", "perception", "inference"]
-    assert nodes[2].overrides == {"model_preset": "pi05", "checkpoint_dir": "/ck"}
+    assert nodes[2].overrides == {
+        "model_preset": "pi05",
+        "checkpoint_dir": "/ck",
+        "allow_random_weights": True,  # simulation
+    }
     assert nodes[1].overrides == {"model_preset": "pi05"}  # perception: the image size
     assert nodes[0].overrides == {}
     with pytest.raises(ValueError, match="overrides_dir"):
@@ -63,12 +67,28 @@ def test_use_sim_adds_sensors_first_and_overrides_reach_their_nodes(tmp_path) ->
         str(tmp_path / "inference_overrides.yaml"),
     ]
     written = yaml.safe_load((tmp_path / "inference_overrides.yaml").read_text())
-    assert written == {
-        "/robot1/inference": {"ros__parameters": {"model_preset": "pi05", "checkpoint_dir": "/ck"}}
-    }
+    assert written == {"/robot1/inference": {"ros__parameters": nodes[2].overrides}}
     nodes[1].ros_arguments(tmp_path)
     written = yaml.safe_load((tmp_path / "perception_overrides.yaml").read_text())
     assert written == {"/robot1/perception": {"ros__parameters": {"model_preset": "pi05"}}}
+
+
+def test_random_weights_are_allowed_in_simulation_or_when_asked_for() -> None:
+    def allowed(**launch: str) -> object:
+        (inference,) = [n for n in graph.resolve(launch) if n.spec.name == "inference"]
+        return inference.overrides.get("allow_random_weights")
+
+    for profile in graph.PROFILES:  # a robot: the YAML's value, false, stays
+        assert allowed(profile=profile) is None
+        yaml_values = graph.node_parameters(
+            yaml.safe_load(graph.default_params_file(profile).read_text()), "inference"
+        )
+        assert yaml_values["allow_random_weights"] is False
+    assert allowed(use_sim="true") is True
+    assert allowed(allow_random_weights="true") is True  # a stand
+    assert allowed(use_sim="true", allow_random_weights="false") is False
+    with pytest.raises(ValueError, match="not a boolean"):
+        graph.resolve({"allow_random_weights": "maybe"})
 
 
 def test_workcell_profile_starts_its_simulator_and_the_chosen_policy(tmp_path) -> None:
@@ -91,7 +111,9 @@ def test_workcell_profile_starts_its_simulator_and_the_chosen_policy(tmp_path) -
     typed.ros_arguments(tmp_path)
     written = yaml.safe_load((tmp_path / "inference_overrides.yaml").read_text())
     assert written["/inference"]["ros__parameters"] == {"a": 1.0, "b": True, "c": "/x", "d": ""}
-    assert nodes[2].overrides == {}
+    assert nodes[2].overrides == {
+        "allow_random_weights": True
+    }  # a simulator: no checkpoint needed
     expert = graph.resolve(
         {"profile": "workcell", "use_sim": "true", "policy": "expert", "model_preset": "pi05"}
     )
@@ -203,7 +225,10 @@ def test_launch_file_declares_every_argument_and_starts_the_resolved_graph(monke
     expected = graph.resolve(context)
     assert [n.kwargs["executable"] for n in nodes] == [r.spec.executable for r in expected]
     assert [n.kwargs["name"] for n in nodes] == ["sim_sensors", "perception", "inference"]
-    assert nodes[-1].kwargs["parameters"] == [expected[-1].params_file, {"model_preset": "tiny"}]
+    assert nodes[-1].kwargs["parameters"] == [
+        expected[-1].params_file,
+        {"model_preset": "tiny", "allow_random_weights": True},
+    ]
     assert nodes[1].kwargs["parameters"] == [expected[1].params_file, {"model_preset": "tiny"}]
     assert nodes[0].kwargs["parameters"] == [expected[0].params_file]
     assert all(n.kwargs["remappings"] == [] for n in nodes)

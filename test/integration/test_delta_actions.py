@@ -116,6 +116,8 @@ def node_args(tmp_path: Path, space: str) -> list[str]:
         f"memory_db_path:={tmp_path / f'memory_{space}.sqlite3'}",
         "-p",
         f"action_space:={space}",
+        "-p",
+        "allow_random_weights:=true",  # no checkpoint, no sim time: a stand
     ]
     if space == "delta":
         args += ["-p", f"delta_action_joints:=[{', '.join(DELTA_JOINTS)}]"]

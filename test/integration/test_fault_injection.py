@@ -132,6 +132,7 @@ def override_yaml(db_path: Path) -> str:
             "inference": {
                 "ros__parameters": {
                     "memory_db_path": str(db_path),
+                    "allow_random_weights": True,  # no checkpoint, no sim time: a stand
                     "narration_period_s": 0.0,  # requests only when a test asks
                     "memory_period_s": 0.0,
                     "max_pending_requests": MAX_PENDING,
@@ -1396,6 +1397,8 @@ def test_perception_and_inference_in_two_network_namespaces(tmp_path: Path) -> N
                     "__node:=inference",
                     "-p",
                     f"inference:memory_db_path:={tmp_path / 'memory.sqlite3'}",
+                    "-p",
+                    "inference:allow_random_weights:=true",
                 ],
             )
         )

@@ -1,9 +1,9 @@
 """The humanoid graph as real processes over DDS (sim sensors -> perception -> inference, tiny
 preset): 70 Hz actions under language load, speech streams, memory (late joiner, restart),
-runtime parameters.
+runtime parameters, lifecycle, and no random brain outside simulation.
 
 One graph is started per module (the engine's start-up dominates the run time) and the
-inference node is restarted once, by the last test. JAX's persistent compilation cache
+inference node is restarted by the last tests. JAX's persistent compilation cache
 (.build/jax_cache) is on for these processes so restarts do not recompile.
 """
 
@@ -19,7 +19,7 @@ import pytest
 import yaml
 from action_msgs.msg import GoalStatus
 from builtin_interfaces.msg import Duration
-from diagnostic_msgs.msg import DiagnosticArray
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from harness import ProcessLauncher, SpinningNode, call_service, wait_for
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
@@ -63,12 +63,16 @@ TRAJECTORY_GROUPS = {
 }
 
 
-def inference_args(db_path: Path) -> list[str]:
+def inference_args(db_path: Path, random_weights: bool = True) -> list[str]:
+    """No checkpoint and no sim time here: `random_weights` (allow_random_weights) lets the
+    random model's actions out, as on a stand."""
     return [
         "--params-file",
         str(PARAMS),
         "-r",
         "__node:=inference",
+        "-p",
+        f"inference:allow_random_weights:={str(random_weights).lower()}",
         "-p",
         f"inference:memory_db_path:={db_path}",
         "-p",
@@ -688,3 +692,57 @@ def test_lifecycle_transitions_switch_the_action_stream(graph) -> None:
     transition(Transition.TRANSITION_CLEANUP)
     assert state() == "unconfigured"
     wait_for(lambda: value("action_process") == "none", 15, "no action process after cleanup")
+
+
+def test_without_a_checkpoint_outside_simulation_no_action_is_published(graph) -> None:
+    """No random brain on a robot: restarted without a checkpoint, without sim time and without
+    allow_random_weights, the node configures (the engine runs frames, their chunks dropped at
+    the gate) and stays inactive, alive: /diagnostics ERROR naming the reason, an Instruct goal
+    refused, no action. The positive control is this module's node: the same arguments with
+    allow_random_weights published actions on the same subscription."""
+    assert graph.actions, "the positive control: actions with allow_random_weights"
+    node = graph.view.node
+    diagnostics = graph.view.collect(DiagnosticArray, "/diagnostics", 50)
+    client = graph.view.action_client(Instruct, "oxygen/instruct")
+    proc = graph.processes["inference"]
+    assert proc.stop(timeout_s=20.0) == 0
+    diagnostics.clear()
+    proc = graph.start(
+        "inference",
+        "oxygen_ros.nodes.inference.inference_node",
+        inference_args(graph.db_path, random_weights=False),
+    )
+    count = len(graph.actions)
+
+    def status():
+        for array in reversed(list(diagnostics)):
+            for s in array.status:
+                if s.name == "oxygen_ros: inference":
+                    return s
+        return None
+
+    wait_for(
+        lambda: (
+            int(inference_value(diagnostics, "new_chunk_unpublished.inactive") or 0) >= 5
+            or not proc.alive()
+        ),
+        ENGINE_START_TIMEOUT_S,
+        "chunks the engine made, dropped at the gate",
+    )
+    assert proc.alive(), proc.log()[-3000:]
+    refused = status()
+    assert refused.level == DiagnosticStatus.ERROR, refused
+    assert "no checkpoint_dir outside simulation" in refused.message, refused.message
+    assert inference_value(diagnostics, "lifecycle_state") == "inactive"
+    assert inference_value(diagnostics, "random_weights") == "True"
+    get = node.create_client(GetState, "/inference/get_state")
+    assert graph.call(get, GetState.Request()).current_state.label == "inactive"
+
+    assert client.wait_for_server(timeout_sec=30.0)
+    sent = graph.view.on_spin_thread(
+        lambda: client.send_goal_async(Instruct.Goal(instruction="wave at the camera"))
+    )
+    wait_for(sent.done, 15, "the goal's answer")
+    assert not sent.result().accepted
+    assert len(graph.actions) == count and proc.alive()
+    assert "activate refused" not in proc.log()  # autostart stopped at inactive, not tried

@@ -308,3 +308,14 @@ class RateMeter:
             total = sum(a for _, a in self._events)
         span = min(self.window_s, max(now - self._start, 1e-6))
         return total / span
+
+
+def random_weights_refusal(checkpoint_dir: str, use_sim_time: bool, allowed: bool) -> str:
+    """Why the node must not activate ("" when it may): a randomly initialised model (no
+    checkpoint) outside simulation would command a robot at random."""
+    if checkpoint_dir or use_sim_time or allowed:
+        return ""
+    return (
+        "no checkpoint_dir outside simulation: a random model would move the robot at random; "
+        "give checkpoint_dir (or allow_random_weights:=true for a plumbing test on a stand)"
+    )

@@ -45,6 +45,11 @@ services):
 - `autostart` (default true) drives the node to active from a thread of its own at start, as
   nav2's lifecycle manager does for its nodes; the executor keeps serving meanwhile. If that
   fails, the process exits with code 1.
+- No random brain on a robot: without `checkpoint_dir`, outside simulation (`use_sim_time`
+  false) and without `allow_random_weights`, activate fails with the reason (logged, the
+  `/diagnostics` ERROR, Instruct goals refused with it) and the node stays inactive: nothing
+  reaches the action topics. Autostart then stops at inactive and the process keeps running
+  (no exit, so nothing restarts it into the same refusal).
 
 Invariants (the units' docstrings hold the rest):
 - A memory entry is committed to SQLite before it is published; the last
@@ -100,6 +105,7 @@ from oxygen_ros.nodes.inference.engine_bridge import (
     LanguageQueue,
     RateMeter,
     build_engine_config,
+    random_weights_refusal,
     state_extra_names,
 )
 from oxygen_ros.nodes.inference.engine_loop import EngineLoop, FrameFormat
@@ -161,6 +167,13 @@ class InferenceNode(InferenceInputs, InferenceOutputs, InferenceDiagnostics, Lif
                 f"state after the joints, from the checkpoint's state layout: {list(extra)}"
             )
         model = self._engine_config.model
+        self._refusal = random_weights_refusal(
+            p["checkpoint_dir"],
+            bool(self.get_parameter("use_sim_time").value),
+            p["allow_random_weights"],
+        )
+        if self._refusal:
+            self.get_logger().error(self._refusal)
         self._store = MemoryStore(p["memory_db_path"])
         if self._store.moved_aside is not None:
             self.get_logger().error(
@@ -308,9 +321,13 @@ class InferenceNode(InferenceInputs, InferenceOutputs, InferenceDiagnostics, Lif
 
     # ================================================================ lifecycle
     def _autostart(self) -> None:
-        """`autostart`: configure, then activate (in a thread: the executor keeps serving)."""
+        """`autostart`: configure, then activate (in a thread: the executor keeps serving);
+        with a refusal (`random_weights_refusal`) it stops at inactive."""
         ok = TransitionCallbackReturn.SUCCESS
-        reached = self.trigger_configure() == ok and self.trigger_activate() == ok
+        configured = self.trigger_configure() == ok
+        if configured and self._refusal:
+            return  # inactive, as refused: the diagnostics name the reason
+        reached = configured and self.trigger_activate() == ok
         if not reached and not self._closing:
             self.get_logger().fatal("autostart failed to reach active; stopping")
             self._autostart_failed = True
@@ -344,6 +361,9 @@ class InferenceNode(InferenceInputs, InferenceOutputs, InferenceDiagnostics, Lif
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         actions = self._actions
         if actions is None:
+            return TransitionCallbackReturn.FAILURE
+        if self._refusal:
+            self.get_logger().error(f"activate refused: {self._refusal}")
             return TransitionCallbackReturn.FAILURE
         self._active = True
         actions.link.set_stop(INACTIVE, False)

@@ -1,5 +1,6 @@
 """The inference node's /diagnostics (a part of `InferenceNode`, `inference_node`): one status
-whose level names the most serious condition (autostart failed, no engine, the action
+whose level names the most serious condition (autostart failed, refused to activate (no
+checkpoint outside simulation), no engine, the action
 process silent or starting, emergency stop, watchdog, engine loading, not active, fault
 injection, action rate below 90 % of its target) with the units' values and counters.
 
@@ -31,6 +32,8 @@ class InferenceDiagnostics:
         state = engine.state if engine is not None else "none"
         if self._autostart_failed:
             level, message = "ERROR", "autostart failed (engine or action process did not start)"
+        elif self._refusal and not self._active:
+            level, message = "ERROR", f"{lifecycle}: {self._refusal}"
         elif engine is None:
             level, message = "WARN", f"{lifecycle}: no engine (configure to load it)"
         elif actions.get("action_process") == "silent":
@@ -64,6 +67,7 @@ class InferenceDiagnostics:
             "instruct_goal": self._instruct.instruction,
             "task_holds": ",".join(sorted(self._holds)),
             "fault_injection": self.params["fault_injection"],
+            "random_weights": not self.params["checkpoint_dir"],
             "stats_window_s": self.params["stats_window_s"],
         }
         if engine is not None:

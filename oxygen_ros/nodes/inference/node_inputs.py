@@ -96,7 +96,9 @@ class InferenceInputs:
     # ================================================================ Instruct host
     def accepting(self) -> str:
         """Why Instruct goals are refused now ("" while active)."""
-        return "" if self._active else f"node not active ({self._lifecycle_state()})"
+        if self._active:
+            return ""
+        return self._refusal or f"node not active ({self._lifecycle_state()})"
 
     def start_instruction(self, text: str) -> str:
         """An accepted Instruct goal's instruction (already checked by the server)."""

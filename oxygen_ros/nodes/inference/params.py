@@ -40,6 +40,15 @@ INFERENCE: tuple[ParamSpec, ...] = (
         check=unique_names_or_none,
     ),
     ParamSpec("checkpoint_dir", "", "openpi checkpoint dir ('' = random init)", "str"),
+    ParamSpec(
+        "allow_random_weights",
+        False,
+        "without checkpoint_dir and outside simulation (use_sim_time false) the node stays "
+        "inactive, as a random model moves a robot at random; true: activate anyway (a "
+        "stand's plumbing test). Simulation (use_sim_time, or the bring-up's use_sim:=true) "
+        "needs no checkpoint",
+        "bool",
+    ),
     ParamSpec("assets_id", "", "assets/<id>/norm_stats.json ('' = no normalisation)", "str"),
     ParamSpec("tokenizer_path", "", "SentencePiece model ('' = engine default)", "str"),
     ParamSpec(

@@ -8,7 +8,12 @@ import pytest
 from oxygen_ros.engine.checkpoint_assets import StateLayout, save_state_layout
 from oxygen_ros.engine.config import EngineConfig
 from oxygen_ros.engine.types import RequestKind
-from oxygen_ros.nodes.inference.engine_bridge import LanguageQueue, RateMeter, state_extra_names
+from oxygen_ros.nodes.inference.engine_bridge import (
+    LanguageQueue,
+    RateMeter,
+    random_weights_refusal,
+    state_extra_names,
+)
 from oxygen_ros.resources import resolve_path
 
 
@@ -133,3 +138,11 @@ def test_state_extra_names_come_from_the_checkpoint_when_not_given(tmp_path) -> 
         [], checkpoint="package://oxygen_ros/models/workcell_run38", joint_names=robot.JOINT_NAMES
     )
     assert shipped == workcell_cubes.TARGET_STATE_NAMES
+
+
+def test_random_weights_are_refused_only_on_a_robot_not_asking_for_them() -> None:
+    robot = random_weights_refusal("", use_sim_time=False, allowed=False)
+    assert "no checkpoint_dir outside simulation" in robot and "allow_random_weights" in robot
+    assert random_weights_refusal("/ckpt/pi05", use_sim_time=False, allowed=False) == ""
+    assert random_weights_refusal("", use_sim_time=True, allowed=False) == ""  # simulation
+    assert random_weights_refusal("", use_sim_time=False, allowed=True) == ""  # a stand
