@@ -50,7 +50,7 @@ class Evaluator:
         import rclpy
         from rclpy.executors import SingleThreadedExecutor
 
-        from oxygen_ros import bringup, graph
+        from oxygen_ros import graph, supervisor
 
         self.args = args
         self.lock = threading.Lock()
@@ -80,7 +80,7 @@ class Evaluator:
             dataclasses.replace(n, overrides={**n.overrides, **extra.get(n.spec.name, {})})
             for n in nodes
         ]
-        self.children = bringup.start_children(nodes, log_dir)
+        self.children = supervisor.start_children(nodes, log_dir)
         rclpy.init(args=[])  # not sys.argv: rcl would read --ros-arg values as remap rules
         self.node = rclpy.create_node("closed_loop_eval")
         self.executor = SingleThreadedExecutor()
@@ -343,9 +343,9 @@ class Evaluator:
     def close(self) -> None:
         import rclpy
 
-        from oxygen_ros import bringup
+        from oxygen_ros import supervisor
 
-        bringup.stop_children(self.children, sys.stderr)
+        supervisor.stop_children(self.children, sys.stderr)
         self.executor.shutdown(timeout_sec=2.0)
         self.node.destroy_node()
         rclpy.try_shutdown()

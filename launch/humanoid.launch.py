@@ -27,6 +27,8 @@ def _nodes(context, *args, **kwargs):
             else [node.params_file],
             output="screen",
             emulate_tty=True,
+            respawn=node.respawn,
+            respawn_delay=node.respawn_delay_s,
         )
         for node in graph.resolve(values)
     ]

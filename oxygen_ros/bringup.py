@@ -9,7 +9,11 @@ streams, and memory entries. Node output goes to one log file per node.
 Invariants:
 - Ctrl-C or SIGTERM (or the end of `--duration`) stops every child with SIGINT in reverse start
   order, kills a child only if it has not exited after `STOP_TIMEOUT_S`, and exits 0.
-- A child that exits on its own ends the bring-up with exit code 1 (after stopping the others)
+- A node that respawns (perception and inference, launch argument `respawn`) and exits
+  abnormally is restarted after `respawn_delay` (`oxygen_ros.supervisor`); the exit, the tail
+  of its log and the restart are printed, and the restarts are counted in the console view
+  and on `/diagnostics` (status `oxygen_ros: bringup`, with the view).
+- Any other exit of a child ends the bring-up with exit code 1 (after stopping the others)
   and the tail of its log is printed.
 """
 
@@ -18,35 +22,23 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import dataclasses
 import importlib.util
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
 
 from oxygen_ros import graph
+from oxygen_ros.supervisor import Child, poll_children, start_children, stop_children
 
-STOP_TIMEOUT_S = 10.0
-JAX_CACHE_DIR = "~/.cache/oxygen_ros/jax"  # unless JAX_COMPILATION_CACHE_DIR is set
 REFRESH_S = 0.5
+STATUS_PERIOD_S = 1.0  # the bring-up's own /diagnostics status
 SPEECH_LINES = 6
 MEMORY_LINES = 5
-
-
-@dataclasses.dataclass
-class Child:
-    """One started node process."""
-
-    name: str
-    popen: subprocess.Popen
-    log_path: Path
 
 
 def parse_args(argv: Sequence[str]) -> tuple[dict[str, str], argparse.Namespace]:
@@ -92,37 +84,22 @@ def parse_args(argv: Sequence[str]) -> tuple[dict[str, str], argparse.Namespace]
     return launch_args, options
 
 
-def start_children(nodes: Sequence[graph.ResolvedNode], log_dir: Path) -> list[Child]:
-    children = []
-    for node in nodes:
-        log_path = log_dir / f"{node.spec.name}.log"
-        cmd = node.command(log_dir)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        # Compiled XLA programs are reused across runs (the engine starts in seconds, not tens).
-        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(JAX_CACHE_DIR).expanduser()))
-        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-        with log_path.open("wb") as log_file:
-            popen = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
-        children.append(Child(node.spec.name, popen, log_path))
-    return children
-
-
-def stop_children(children: Sequence[Child], out: TextIO) -> None:
-    """SIGINT in reverse start order, then wait; kill what is still running after the timeout."""
-    for child in reversed(children):
-        if child.popen.poll() is None:
-            child.popen.send_signal(signal.SIGINT)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    for child in reversed(children):
-        try:
-            child.popen.wait(max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            print(
-                f"[bringup] {child.name} did not stop in {STOP_TIMEOUT_S:g} s; killing it",
-                file=out,
-            )
-            child.popen.kill()
-            child.popen.wait(5)
+def event_line(child: Child, event: str) -> str:
+    """What the bring-up prints for a `supervisor.poll_children` event."""
+    if event == "restarted":
+        return (
+            f"[bringup] restarted {child.name} (pid {child.popen.pid}, restart {child.restarts})"
+        )
+    code = child.popen.returncode
+    then = (
+        f"restarting in {child.node.respawn_delay_s:g} s"
+        if event == "exited"
+        else "stopping the graph"
+    )
+    return (
+        f"[bringup] {child.name} exited with code {code}; {then}; last lines of "
+        f"{child.log_path}:\n{tail(child.log_path)}"
+    )
 
 
 def tail(path: Path, lines: int = 15) -> str:
@@ -175,9 +152,7 @@ class ConsoleView:
         rclpy.init(  # args=[]: the launch arguments in sys.argv are not ROS arguments
             args=[], context=self.context, signal_handler_options=SignalHandlerOptions.NO
         )
-        self.node = rclpy.create_node(
-            "oxygen_bringup_view", namespace=namespace or None, context=self.context
-        )
+        self.node = rclpy.create_node("bringup", namespace=namespace or None, context=self.context)
         self._lock = threading.Lock()
         self.action_rate = RateMeter(window_s=2.0)
         self.num_actions = 0
@@ -200,6 +175,7 @@ class ConsoleView:
             MemoryEntry, topics["memory_topic"], self._on_memory, latched_qos(20)
         )
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, 10)
+        self._status_pub = self.node.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.executor = SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
         self._thread = threading.Thread(target=self._spin, daemon=True)
@@ -260,7 +236,8 @@ class ConsoleView:
         inf = diags.get("inference", (0, "", {}))[2]
         per = diags.get("perception", (0, "", {}))[2]
         running = " ".join(
-            f"{c.name}:{'up' if c.popen.poll() is None else 'EXITED'}" for c in children
+            f"{c.name}:{c.state}" + (f"({c.restarts} restarts)" if c.restarts else "")
+            for c in children
         )
         level = {0: "OK", 1: "WARN", 2: "ERROR", 3: "STALE"}
         lines = [
@@ -290,6 +267,22 @@ class ConsoleView:
         for entry_id, kind, text in memory:
             lines.append(f"    #{entry_id:<5} {kind:<9} {_clip(text)!r}")
         return "\n".join(lines)
+
+    def publish_status(self, children: Sequence[Child]) -> None:
+        """The bring-up's own status: WARN while a node is down for its restart, OK otherwise;
+        per node its state and restarts."""
+        from oxygen_ros.nodes.common.runtime import publish_status
+
+        down = [c.name for c in children if c.state != "up"]
+        restarts = {c.name: c.restarts for c in children if c.restarts}
+        message = f"down: {', '.join(down)}" if down else "all nodes up"
+        if restarts:
+            message += "; restarts: " + ", ".join(f"{k} {v}" for k, v in restarts.items())
+        values: dict[str, object] = {}
+        for c in children:
+            values[f"state.{c.name}"] = c.state
+            values[f"restarts.{c.name}"] = c.restarts
+        publish_status(self.node, self._status_pub, "WARN" if down else "OK", message, values)
 
     def close(self) -> None:
         self.executor.shutdown(timeout_sec=2.0)
@@ -389,23 +382,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     start = time.monotonic()
     code = 0
-    last_print = 0.0
+    last_print = last_status = 0.0
     try:
         while not stop.is_set():
             elapsed = time.monotonic() - start
             if options.duration and elapsed >= options.duration:
                 break
-            exited = [c for c in children if c.popen.poll() is not None]
-            if exited:
-                for child in exited:
-                    print(
-                        f"[bringup] {child.name} exited with code {child.popen.returncode};"
-                        f" last lines of {child.log_path}:\n{tail(child.log_path)}",
-                        file=out,
-                        flush=True,
-                    )
+            ended = False
+            for child, event in poll_children(children):
+                print(event_line(child, event), file=out, flush=True)
+                ended = ended or event == "ended"
+            if ended:
                 code = 1
                 break
+            if view is not None and elapsed - last_status >= STATUS_PERIOD_S:
+                view.publish_status(children)
+                last_status = elapsed
             if view is not None and (tty or elapsed - last_print >= 5.0):
                 text = view.render(elapsed, children)
                 print(("\x1b[H\x1b[J" if tty else "") + text, file=out, flush=True)

@@ -75,6 +75,17 @@ LAUNCH_ARGUMENTS: tuple[LaunchArgument, ...] = (
         "empty: only in simulation, use_sim:=true; false: never)",
     ),
     LaunchArgument(
+        "respawn",
+        "true",
+        "restart perception and inference when they exit abnormally, after respawn_delay "
+        "(true/false; the simulators and the expert never restart)",
+    ),
+    LaunchArgument(
+        "respawn_delay",
+        "2.0",
+        "seconds from a node's abnormal exit to its restart (a number >= 0)",
+    ),
+    LaunchArgument(
         "policy",
         "model",
         "what commands the robot: model (inference node) or expert (scripted, workcell only)",
@@ -112,6 +123,12 @@ class NodeSpec:
     overridable: tuple[str, ...] = ()  # launch arguments that override same-named parameters
     profiles: tuple[str, ...] = PROFILES  # profiles that include this node
     policy: str = ""  # started only with this policy ("": always)
+    # Restarted when it exits abnormally (launch argument `respawn`). The robot's brain:
+    # perception and inference come back by themselves (inference reopens its memory database
+    # and compile cache; both serve only fresh observations). The simulators and the expert
+    # stand for the world and the demonstrator: a restarted simulator would start a new world
+    # at time 0 and the expert a partial demonstration, so their exit ends the bring-up.
+    respawn: bool = False
 
 
 NODES: tuple[NodeSpec, ...] = (
@@ -136,6 +153,7 @@ NODES: tuple[NodeSpec, ...] = (
         "oxygen_ros.nodes.perception.perception_node",
         "perception",
         overridable=("model_preset",),
+        respawn=True,
     ),
     NodeSpec(
         "inference_node",
@@ -143,6 +161,7 @@ NODES: tuple[NodeSpec, ...] = (
         "inference",
         overridable=("model_preset", "checkpoint_dir", "allow_random_weights"),
         policy="model",
+        respawn=True,
     ),
     NodeSpec(
         "expert_node",
@@ -163,6 +182,8 @@ class ResolvedNode:
     params_file: str  # absolute path of the YAML file
     overrides: dict[str, str | float | bool] = field(default_factory=dict)  # parameter -> value
     remappings: tuple[tuple[str, str], ...] = ()  # (from, to) topic remappings
+    respawn: bool = False  # restarted after an abnormal exit (launch_ros's `respawn`)
+    respawn_delay_s: float = 0.0  # launch_ros's `respawn_delay`
 
     @property
     def fully_qualified_name(self) -> str:
@@ -241,6 +262,11 @@ def parse_delay(text: str) -> float:
     )
 
 
+def parse_respawn_delay(text: str) -> float:
+    """`respawn_delay`: a finite number >= 0 (seconds)."""
+    return _parse_float("respawn_delay", text, lambda v: 0 <= v < float("inf"), "a number >= 0")
+
+
 def parse_remappings(text: str) -> tuple[tuple[str, str], ...]:
     """'a:=b c:=d' -> (('a', 'b'), ('c', 'd')); empty -> ().
 
@@ -282,9 +308,9 @@ def resolve(arguments: Mapping[str, str]) -> list[ResolvedNode]:
         The nodes to start, in start order (sensors first, inference last).
 
     Raises:
-        ValueError: an unknown argument, a bad boolean, profile, policy, real-time factor or
-            next-episode delay, a missing params file, or a remap entry that is not a from:=to
-            pair.
+        ValueError: an unknown argument, a bad boolean, profile, policy, real-time factor,
+            next-episode or respawn delay, a missing params file, or a remap entry that is
+            not a from:=to pair.
     """
     known = {a.name: a.default for a in LAUNCH_ARGUMENTS}
     unknown = sorted(set(arguments) - set(known))
@@ -321,6 +347,8 @@ def resolve(arguments: Mapping[str, str]) -> list[ResolvedNode]:
     if not params_file.is_file():
         raise ValueError(f"params_file {str(params_file)!r} does not exist")
     remappings = parse_remappings(values["remap"])
+    respawn = parse_bool(values["respawn"])
+    respawn_delay_s = parse_respawn_delay(values["respawn_delay"])
     namespace = values["namespace"].strip().rstrip("/")
     if namespace and not namespace.startswith("/"):
         namespace = "/" + namespace
@@ -332,6 +360,14 @@ def resolve(arguments: Mapping[str, str]) -> list[ResolvedNode]:
             continue
         overrides = {k: overrides_by_name[k] for k in spec.overridable if k in overrides_by_name}
         nodes.append(
-            ResolvedNode(spec, namespace, str(params_file.resolve()), overrides, remappings)
+            ResolvedNode(
+                spec,
+                namespace,
+                str(params_file.resolve()),
+                overrides,
+                remappings,
+                respawn=respawn and spec.respawn,
+                respawn_delay_s=respawn_delay_s,
+            )
         )
     return nodes

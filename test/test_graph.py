@@ -91,6 +91,28 @@ def test_random_weights_are_allowed_in_simulation_or_when_asked_for() -> None:
         graph.resolve({"allow_random_weights": "maybe"})
 
 
+def test_perception_and_inference_respawn_unless_turned_off() -> None:
+    def respawning(**launch: str) -> dict[str, tuple[bool, float]]:
+        return {n.spec.name: (n.respawn, n.respawn_delay_s) for n in graph.resolve(launch)}
+
+    for profile in graph.PROFILES:
+        nodes = respawning(profile=profile, use_sim="true")
+        simulator = "sim_sensors" if profile == "humanoid" else "workcell_sim"
+        assert nodes == {
+            simulator: (False, 2.0),
+            "perception": (True, 2.0),
+            "inference": (True, 2.0),
+        }
+    assert respawning(profile="workcell", use_sim="true", policy="expert")["expert"][0] is False
+    assert not any(r for r, _ in respawning(respawn="false").values())
+    assert respawning(respawn_delay="0.5")["inference"] == (True, 0.5)
+    for bad in ("-1", "soon", "inf"):
+        with pytest.raises(ValueError, match="respawn_delay must be a number >= 0"):
+            graph.resolve({"respawn_delay": bad})
+    with pytest.raises(ValueError, match="not a boolean"):
+        graph.resolve({"respawn": "always"})
+
+
 def test_workcell_profile_starts_its_simulator_and_the_chosen_policy(tmp_path) -> None:
     nodes = graph.resolve({"profile": "workcell"})
     assert [n.spec.name for n in nodes] == ["perception", "inference"]
@@ -233,6 +255,9 @@ def test_launch_file_declares_every_argument_and_starts_the_resolved_graph(monke
     assert nodes[0].kwargs["parameters"] == [expected[0].params_file]
     assert all(n.kwargs["remappings"] == [] for n in nodes)
     assert all(n.kwargs["package"] == "oxygen_ros" for n in nodes)
+    # launch_ros restarts perception and inference, not the simulator
+    assert [n.kwargs["respawn"] for n in nodes] == [False, True, True]
+    assert all(n.kwargs["respawn_delay"] == 2.0 for n in nodes)
 
 
 def test_workcell_launch_file_defaults_the_profile_to_workcell(monkeypatch) -> None:

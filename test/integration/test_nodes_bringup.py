@@ -1,5 +1,7 @@
 """`python -m oxygen_ros.bringup`: starts the graph of oxygen_ros.graph, shows the console view,
-and stops every child cleanly (exit 0) on SIGINT/SIGTERM or at the end of --duration."""
+restarts perception and inference when they crash (counted in the console and on
+/diagnostics), and stops every child cleanly (exit 0) on SIGINT/SIGTERM or at the end of
+--duration."""
 
 import os
 import re
@@ -9,10 +11,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from diagnostic_msgs.msg import DiagnosticArray
 from harness import call_service, wait_for
 from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 
 from oxygen_ros.msg import ActionChunk, SpeechToken
+from oxygen_ros.nodes.common.conversions import diagnostic_values, time_to_seconds
 from oxygen_ros.nodes.common.runtime import RELIABLE_QOS, SPEECH_QOS
 
 pytestmark = pytest.mark.integration
@@ -42,12 +46,29 @@ def gone(pid: int) -> bool:
     return False
 
 
-def test_bringup_streams_and_stops_on_sigint(launcher, ros_node, tmp_path) -> None:
+def bringup_status(diagnostics) -> dict[str, str]:
+    """The bring-up's newest own status values ({} before one)."""
+    for array in reversed(list(diagnostics)):
+        for status in array.status:
+            if status.name == "oxygen_ros: bringup":
+                return diagnostic_values(status)
+    return {}
+
+
+def test_bringup_streams_respawns_a_killed_inference_and_stops_on_sigint(
+    launcher, ros_node, tmp_path
+) -> None:
     actions = ros_node.collect(ActionChunk, "oxygen/actions", RELIABLE_QOS)
     speech = ros_node.collect(SpeechToken, "oxygen/speech", SPEECH_QOS)
+    diagnostics = ros_node.collect(DiagnosticArray, "/diagnostics", 50)
     proc = launcher.start(
         "oxygen_ros.bringup",
-        args=[f"params_file:={params_file(tmp_path)}", "--log-dir", str(tmp_path / "logs")],
+        args=[
+            f"params_file:={params_file(tmp_path)}",
+            "respawn_delay:=0.5",
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
     )
     wait_for(
         lambda: len(actions) >= 10 or not proc.alive(), 240, "actions via the bring-up", poll_s=0.2
@@ -56,10 +77,38 @@ def test_bringup_streams_and_stops_on_sigint(launcher, ros_node, tmp_path) -> No
     wait_for(lambda: any(m.final for m in speech), 60, "a finished speech request")
     pids = child_pids(proc.log())
     assert set(pids) == {"sim_sensors", "perception", "inference"}
+    assert bringup_status(diagnostics).get("restarts.inference") == "0"
+
+    # kill -9 of inference: the bring-up restarts it, and the action stream comes back from
+    # observations taken after the kill (the humanoid graph runs on the system clock).
+    killed = time.time()
+    os.kill(pids["inference"], signal.SIGKILL)
+    restarted = re.compile(r"restarted inference \(pid (\d+), restart 1\)")
+    wait_for(lambda: restarted.search(proc.log()) or not proc.alive(), 30, "the restart")
+    assert proc.alive(), proc.log()
+    assert "inference exited with code -9; restarting in 0.5 s" in proc.log()
+    wait_for(
+        lambda: any(time_to_seconds(m.observation_stamp) > killed for m in list(actions)),
+        240,
+        "actions from the restarted inference node",
+        poll_s=0.2,
+    )
+    fresh = next(m for m in list(actions) if time_to_seconds(m.observation_stamp) > killed)
+    assert fresh.sequence < max(m.sequence for m in list(actions))  # a new process's count
+    wait_for(
+        lambda: bringup_status(diagnostics).get("restarts.inference") == "1",
+        15,
+        "the restart on the bring-up's /diagnostics",
+    )
+    status = bringup_status(diagnostics)
+    assert status["state.inference"] == "up" and status["restarts.perception"] == "0"
+    new_pid = int(restarted.search(proc.log())[1])
+    assert not gone(new_pid) and gone(pids["inference"])
     assert proc.stop(signal.SIGINT, timeout_s=30) == 0, proc.log()
     log = proc.log()
     assert "exit codes {'sim_sensors': 0, 'perception': 0, 'inference': 0}" in log, log
-    assert all(gone(pid) for pid in pids.values())
+    assert all(gone(pid) for pid in [*pids.values(), new_pid])
+    assert re.search(r"inference:\w+\(1 restarts\)", log), log  # the console's node line
     # The console view showed the action rate, the engine and the streamed speech.
     assert "actions" in log and "engine     ready" in log and "speech:" in log
     assert any(f"{m.request_id}" in log for m in speech if m.final)
@@ -89,6 +138,26 @@ def test_bringup_duration_and_sigterm_during_start_exit_zero(launcher, tmp_path)
     wait_for(lambda: len(child_pids(terminated.log())) == 3, 15, "children started")
     assert terminated.stop(signal.SIGTERM, timeout_s=30) == 0, terminated.log()
     assert all(gone(pid) for pid in child_pids(terminated.log()).values())
+    # respawn:=false: a crash ends the bring-up (code 1) instead of a restart (the control of
+    # the restart in test_bringup_streams_respawns_a_killed_inference_and_stops_on_sigint).
+    fixed = launcher.start(
+        "oxygen_ros.bringup",
+        args=[
+            f"params_file:={params_file(tmp_path)}",
+            "respawn:=false",
+            "--no-view",
+            "--log-dir",
+            str(tmp_path / "fixed"),
+        ],
+        name="fixed",
+    )
+    wait_for(lambda: len(child_pids(fixed.log())) == 3, 15, "children started")
+    os.kill(child_pids(fixed.log())["perception"], signal.SIGKILL)
+    wait_for(lambda: not fixed.alive(), 30, "the bring-up to end")
+    assert fixed.popen.returncode == 1, fixed.log()
+    assert "perception exited with code -9; stopping the graph" in fixed.log()
+    assert "restart" not in fixed.log()
+    assert all(gone(pid) for pid in child_pids(fixed.log()).values())
 
 
 def test_bringup_refuses_unknown_argument(launcher) -> None:
