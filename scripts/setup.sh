@@ -31,37 +31,71 @@ fi
 
 # 2. Virtual environment with the pinned lock (installed --no-deps: the lock is the full closure;
 #    openpi's PyPI repackage declares CUDA torch, lerobot, wandb... which openpi's JAX code
-#    never imports).
-if [ ! -x "$VENV/bin/python" ]; then
-  command -v "$PYTHON" >/dev/null || PYTHON=python3
-  log "creating virtual environment $VENV ($("$PYTHON" --version))"
-  "$PYTHON" -m venv "$VENV"
-fi
+#    never imports). It lives outside the clone, keyed by the lock and the interpreter
+#    ($CACHE/venvs/<key>, made under a lock, complete once its stamp is written), and
+#    .build/venv links to it: a later clone on this machine links the same one instead of
+#    installing again. The two most recently used are kept. A .build/venv that is a directory
+#    of its own (made before, or by hand) is used in place as it always was.
+command -v "$PYTHON" >/dev/null || PYTHON=python3
 lock_hash="$(sha256sum "$ROOT/requirements.lock" | cut -d' ' -f1)"
-if [ "$(cat "$VENV/.oxygen_lock_hash" 2>/dev/null)" != "$lock_hash" ]; then
-  # uv installs the lock in about 20 s and keeps the wheels in its cache (~/.cache/uv) for the
-  # next clone; pip takes about 2 minutes on every fresh clone (these registries' answers are
-  # not cacheable for pip). pip's find-links (torch==2.13.0's CPU wheel on the project's
-  # machines) and index URL go to uv too; pip itself stays the fallback. Bytecode is compiled
-  # at install, as pip does: with PYTHONDONTWRITEBYTECODE set (these machines set it) every
-  # process would otherwise compile every module it imports.
+install_lock() {  # $1: the venv to install the lock into
+  local venv="$1"
+  # uv installs the lock in about 20 s and keeps the wheels in its cache (~/.cache/uv). pip's
+  # find-links (torch==2.13.0's CPU wheel on the project's machines) and index URL go to uv
+  # too; pip itself stays the fallback (about 2 minutes). Bytecode is compiled at install, as
+  # pip does: with PYTHONDONTWRITEBYTECODE set (these machines set it) every process would
+  # otherwise compile every module it imports.
   log "installing pinned packages from requirements.lock"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check \
     pip==25.3 setuptools==79.0.1 wheel==0.45.1 "uv==$UV_VERSION" || true
-  uv_args=()
-  for links in ${PIP_FIND_LINKS:-} $("$VENV/bin/python" -m pip config get global.find-links \
+  local uv_args=() links
+  for links in ${PIP_FIND_LINKS:-} $("$venv/bin/python" -m pip config get global.find-links \
     2>/dev/null || true); do
     [ -d "$links" ] && uv_args+=(--find-links "$links")
   done
   [ -n "${PIP_INDEX_URL:-}" ] && uv_args+=(--default-index "$PIP_INDEX_URL")
-  if ! "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --no-deps --compile-bytecode \
+  if ! "$venv/bin/uv" pip install -q --python "$venv/bin/python" --no-deps --compile-bytecode \
     "${uv_args[@]}" -r "$ROOT/requirements.lock"; then
     log "uv failed; installing with pip (about 2 minutes)"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
       -r "$ROOT/requirements.lock"
   fi
-  echo "$lock_hash" >"$VENV/.oxygen_lock_hash"
-  rm -f "$BUILD/.oxygen_build_hash"
+  echo "$lock_hash" >"$venv/.oxygen_lock_hash"
+}
+if [ -d "$VENV" ] && [ ! -L "$VENV" ]; then  # a venv of this clone's own
+  if [ ! -x "$VENV/bin/python" ]; then
+    log "creating virtual environment $VENV ($("$PYTHON" --version))"
+    "$PYTHON" -m venv "$VENV"
+  fi
+  if [ "$(cat "$VENV/.oxygen_lock_hash" 2>/dev/null)" != "$lock_hash" ]; then
+    install_lock "$VENV"
+    rm -f "$BUILD/.oxygen_build_hash"
+  fi
+else
+  VENVS="${XDG_CACHE_HOME:-$HOME/.cache}/oxygen_ros/venvs"
+  key="$( { echo "$lock_hash"; "$PYTHON" -c 'import sys; print(sys.executable, sys.version)'; } \
+    | sha256sum | cut -c1-16)"
+  shared="$VENVS/$key"
+  mkdir -p "$VENVS"
+  (
+    flock 9
+    if [ "$(cat "$shared/.oxygen_lock_hash" 2>/dev/null)" != "$lock_hash" ]; then
+      rm -rf "$shared"
+      log "creating virtual environment $shared ($("$PYTHON" --version))"
+      "$PYTHON" -m venv "$shared"
+      install_lock "$shared"
+    fi
+    touch "$shared/.oxygen_lock_hash"  # recently used
+    # Keep the two most recently used venvs (a clone linked to a removed one makes it again).
+    ls -1t "$VENVS"/*/.oxygen_lock_hash 2>/dev/null | tail -n +3 | while read -r stamp; do
+      old="$(dirname "$stamp")"
+      [ "$old" != "$shared" ] && rm -rf "$old"
+    done
+  ) 9>"$VENVS/.lock"
+  if [ "$(readlink "$VENV" 2>/dev/null)" != "$shared" ]; then
+    ln -sfn "$shared" "$VENV"
+    rm -f "$BUILD/.oxygen_build_hash"  # another interpreter: build the package again
+  fi
 fi
 
 # 3. Known wheel defect: exported CMake targets hard-code the wheel build machine's interpreter
