@@ -13,6 +13,9 @@ Invariants:
   abnormally is restarted after `respawn_delay` (`oxygen_ros.supervisor`); the exit, the tail
   of its log and the restart are printed, and the restarts are counted in the console view
   and on `/diagnostics` (status `oxygen_ros: bringup`, with the view).
+- While any node respawns, the graph and the view talk over UDP only
+  (`FASTDDS_BUILTIN_TRANSPORTS=UDPv4` unless set): shared memory can leave the survivors of a
+  kill -9 deaf to the restarted participant.
 - Any other exit of a child ends the bring-up with exit code 1 (after stopping the others)
   and the tail of its log is printed.
 """
@@ -356,6 +359,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.print_only:
         print(describe(nodes, log_dir))
         return 0
+    if any(n.respawn for n in nodes) and "FASTDDS_BUILTIN_TRANSPORTS" not in os.environ:
+        # Fast DDS's shared-memory transport can leave the processes that outlive a kill -9
+        # unable to reach the restarted participant (eProsima/Fast-DDS#5469, #5053; the view
+        # here saw no action of a respawned inference node in a CI run): the graph and this
+        # process's view talk over UDP only while nodes may respawn.
+        os.environ["FASTDDS_BUILTIN_TRANSPORTS"] = "UDPv4"
+        print("[bringup] respawn on: FASTDDS_BUILTIN_TRANSPORTS=UDPv4", file=sys.stdout)
     stop = threading.Event()
     previous = {
         sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from diagnostic_msgs.msg import DiagnosticArray
-from harness import call_service, wait_for
+from harness import SpinningNode, call_service, wait_for
 from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 
 from oxygen_ros.msg import ActionChunk, SpeechToken
@@ -56,8 +56,19 @@ def bringup_status(diagnostics) -> dict[str, str]:
 
 
 def test_bringup_streams_respawns_a_killed_inference_and_stops_on_sigint(
-    launcher, ros_node, tmp_path
+    launcher, tmp_path, monkeypatch
 ) -> None:
+    # The bring-up's graph talks over UDP only while nodes respawn (shared memory can leave a
+    # survivor of a kill -9 deaf to the restarted participant): so does this observer.
+    monkeypatch.setenv("FASTDDS_BUILTIN_TRANSPORTS", "UDPv4")
+    ros_node = SpinningNode("test_bringup_respawn")
+    try:
+        run_respawn_bringup(launcher, ros_node, tmp_path)
+    finally:
+        ros_node.close()
+
+
+def run_respawn_bringup(launcher, ros_node, tmp_path) -> None:
     actions = ros_node.collect(ActionChunk, "oxygen/actions", RELIABLE_QOS)
     speech = ros_node.collect(SpeechToken, "oxygen/speech", SPEECH_QOS)
     diagnostics = ros_node.collect(DiagnosticArray, "/diagnostics", 50)
@@ -106,6 +117,7 @@ def test_bringup_streams_respawns_a_killed_inference_and_stops_on_sigint(
     assert not gone(new_pid) and gone(pids["inference"])
     assert proc.stop(signal.SIGINT, timeout_s=30) == 0, proc.log()
     log = proc.log()
+    assert "respawn on: FASTDDS_BUILTIN_TRANSPORTS=UDPv4" in log
     assert "exit codes {'sim_sensors': 0, 'perception': 0, 'inference': 0}" in log, log
     assert all(gone(pid) for pid in [*pids.values(), new_pid])
     assert re.search(r"inference:\w+\(1 restarts\)", log), log  # the console's node line
