@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from oxygen_ros import graph
-from oxygen_ros.supervisor import Child, poll_children, start_children, stop_children
+from oxygen_ros.supervisor import Child, poll_children, start_children, stop_children, tail
 
 REFRESH_S = 0.5
 STATUS_PERIOD_S = 1.0  # the bring-up's own /diagnostics status
@@ -103,13 +103,6 @@ def event_line(child: Child, event: str) -> str:
         f"[bringup] {child.name} exited with code {code}; {then}; last lines of "
         f"{child.log_path}:\n{tail(child.log_path)}"
     )
-
-
-def tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def topic_names(params_file: str) -> dict[str, str]:

@@ -38,7 +38,7 @@ from pathlib import Path
 import h5py
 import yaml
 
-from oxygen_ros import bringup, graph
+from oxygen_ros import graph, supervisor
 
 START_TIMEOUT_S = 120.0  # scene compile + EGL context + DDS discovery on a busy machine
 RESET_TIMEOUT_S = 30.0
@@ -217,12 +217,12 @@ def file_info(path: Path) -> tuple[int, bool, int, int]:
         )
 
 
-def check_children(children: Sequence[bringup.Child]) -> None:
+def check_children(children: Sequence[supervisor.Child]) -> None:
     for child in children:
         if child.popen.poll() is not None:
             raise RuntimeError(
                 f"{child.name} exited ({child.popen.returncode}); last lines of "
-                f"{child.log_path}:\n{bringup.tail(child.log_path)}"
+                f"{child.log_path}:\n{supervisor.tail(child.log_path)}"
             )
 
 
@@ -244,7 +244,7 @@ def run(args: argparse.Namespace, stop: threading.Event) -> int:
         flush=True,
     )
     start_wall = time.monotonic()
-    children = bringup.start_children(nodes, log_dir)
+    children = supervisor.start_children(nodes, log_dir)
     recorder = Recorder(nodes[0].params_file)
     results: list[EpisodeResult] = []
     code = 0
@@ -320,7 +320,7 @@ def run(args: argparse.Namespace, stop: threading.Event) -> int:
         code = 1
     finally:
         recorder.close()
-        bringup.stop_children(children, sys.stderr)
+        supervisor.stop_children(children, sys.stderr)
     wall = time.monotonic() - start_wall
     recorded = [r for r in results if r.file]
     mismatched = [r.seed for r in recorded if r.file_success != r.success]

@@ -18,6 +18,15 @@ SCHEME = "package://"
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
 
 
+def cache_dir(name: str) -> Path:
+    """The user's cache folder `name` of this project: `$XDG_CACHE_HOME/oxygen_ros/<name>`
+    (`~/.cache` without it). Compiled XLA programs ("jax"), the tests' own ("jax_tests");
+    scripts/setup.sh keeps its venvs and scripts/gpu_bundle.py its archive in the same place
+    (they run before this package can be imported)."""
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(home) / PACKAGE / name
+
+
 def resolve_path(text: str) -> str:
     """A `package://` URI or a path -> a filesystem path ("" stays "").
 

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import TextIO
 
 from oxygen_ros import graph
+from oxygen_ros.resources import cache_dir
 
 STOP_TIMEOUT_S = 10.0
-JAX_CACHE_DIR = "~/.cache/oxygen_ros/jax"  # unless JAX_COMPILATION_CACHE_DIR is set
 
 
 @dataclasses.dataclass
@@ -63,11 +63,19 @@ def spawn(command: list[str], env: dict[str, str], log_path: Path) -> subprocess
         return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env)
 
 
+def tail(path: Path, lines: int = 15) -> str:
+    """The last `lines` lines of a child's log ("" if it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
 def node_env() -> dict[str, str]:
     """The node processes' environment: unbuffered output, and compiled XLA programs reused
     across runs and restarts (the engine starts in seconds, not tens)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(JAX_CACHE_DIR).expanduser()))
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache_dir("jax")))
     env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     return env
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from oxygen_ros.resources import cache_dir
+
 DISCOVERY_TIMEOUT_S = 15.0  # discovery usually takes 0.1-0.2 s, sometimes about 3 s
 T = TypeVar("T")
 
@@ -45,6 +47,17 @@ def call_service(client, request, timeout_s: float = 15.0):
     future = client.call_async(request)
     wait_for(future.done, timeout_s, f"reply from {client.srv_name}")
     return future.result()
+
+
+def newest_status(diagnostics, node: str) -> dict[str, str]:
+    """The key/values of the newest `oxygen_ros: <node>` status among collected /diagnostics
+    arrays ({} before one arrived)."""
+    name = f"oxygen_ros: {node}"
+    for array in reversed(list(diagnostics)):
+        for status in array.status:
+            if status.name == name:
+                return {kv.key: kv.value for kv in status.values}
+    return {}
 
 
 @dataclass
@@ -210,8 +223,7 @@ class SpinningNode:
 
 
 # The XLA cache of test runs (test/conftest.py puts it in the environment of every process).
-_CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-JAX_TEST_CACHE = _CACHE_HOME / "oxygen_ros" / "jax_tests"
+JAX_TEST_CACHE = cache_dir("jax_tests")
 
 
 def prune_cache(directory: Path, max_bytes: int) -> list[Path]:

@@ -1,18 +1,16 @@
-"""benchmarks/gpu_bench.py: the not-run path on a machine without an accelerator, the same code
-path on the CPU with the tiny preset (`--force-cpu-smoke`, one run shared by its tests), its
-budget (the trimming rules of gpu_bench_budget.py, and a budget that runs out), its report
-(gpu_bench_report.py: the last line, no matplotlib), `--plot-from`, and the openpi
-equality's negative control (benchmarks/openpi_equality.py). Its full-vocabulary tokenizer
+"""benchmarks/gpu_bench.py: the not-run path on a machine without an accelerator, its budget (the
+trimming rules of gpu_bench_budget.py, and a budget that runs out on the CPU smoke path), its
+report (gpu_bench_report.py: the last line, no matplotlib) and the openpi equality's negative
+control (benchmarks/openpi_equality.py). The whole CPU smoke run (`--force-cpu-smoke`) and
+`--plot-from` are tested on the run through the offline bundle (test_gpu_bundle.py): the
+same files, as a GPU host runs them. Its full-vocabulary tokenizer
 (benchmarks/full_vocab.py) is tested in test_benchmark_tools.py."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
-import platform
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,17 +26,6 @@ LAST_LINE = re.compile(
     r"^gpu_bench device=\S+ action_hz=(?P<hz>[0-9.]+|nan) tokens_per_s=([0-9]+|nan) "
     r"speedup_vs_isolated=(?P<speedup>[0-9.]+|nan) chunk_every_143ms=(yes|no) "
     r"openpi_equal=(?P<equal>yes|no|skipped) complete=(?P<complete>yes|no)$"
-)
-STAGES = (
-    "imports",
-    "imports_engine",
-    "peaks",
-    "model",
-    "equality",
-    "components",
-    "engines",
-    "warmup_frames",
-    "measured",
 )
 
 
@@ -66,15 +53,6 @@ def _run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """One `--force-cpu-smoke` run (with a budget it keeps easily) for every test below."""
-    out = tmp_path_factory.mktemp("gpu_smoke") / "smoke.json"
-    proc = _run("--force-cpu-smoke", "--budget-s", "600", "--out", str(out), timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc, out
-
-
 def test_without_an_accelerator_it_says_so_and_exits_0(tmp_path: Path) -> None:
     out = tmp_path / "gpu.json"
     proc = _run("--out", str(out), timeout=120)
@@ -84,96 +62,6 @@ def test_without_an_accelerator_it_says_so_and_exits_0(tmp_path: Path) -> None:
     assert document["ran"] is False
     assert document["reason"] == "no accelerator (jax backend: cpu)"
     assert document["jax_backend"] == "cpu"
-
-
-@pytest.mark.slow
-def test_cpu_smoke_runs_the_comparison_and_ends_with_the_summary_line(smoke) -> None:
-    proc, out = smoke
-    last = proc.stdout.strip().splitlines()[-1]
-    assert (match := LAST_LINE.match(last)), last
-    assert match["hz"] != "nan" and match["equal"] == "yes" and match["complete"] == "yes"
-    assert "device=cpu " in last
-    document = json.loads(out.read_text())
-    assert document["ran"] is True and document["smoke"] is True
-    assert document["complete"] is True and document["incomplete_reason"] is None
-    assert document["trimmed"] == []  # 600 s is plenty
-    assert document["device"] == "cpu"
-    assert document["model"]["preset"] == "tiny"
-    assert document["setting"]["denoise_steps"] == 10 and document["setting"]["k"] == 5
-    assert document["setting"]["frames"] == document["setting"]["frames_requested"] == 2
-    methods = [r["method"] for r in document["results"]]
-    assert methods == ["isolated", "shared_kv", "cb_k5", "deadline", "deadline_143ms"]
-    for result in document["results"]:
-        assert result["deterministic_lengths"], result["label"]  # every request decoded M
-        assert result["compiles_after_warmup"] == 0, result["label"]
-        assert result["action_path_ms_p99"] <= result["chunk_interval_ms_p99"] + 1e-6
-    headline = document["headline"]
-    assert headline["method"] == "cb_k5"
-    assert headline["action_hz"] > 0 and headline["tokens_per_s"] > 0
-    assert headline["speedup_vs_isolated"] > 0
-    # The last line's speedup is the steady-state figure (the finite run's sits beside it).
-    assert match["speedup"] == f"{headline['speedup_steady_vs_isolated']:.2f}"
-    seventy = document["seventy_hz"]
-    assert seventy["period_ms"] == pytest.approx(1e3 * 10 / 70)
-    assert seventy["chunk_every_143ms"] == (seventy["chunk_interval_ms_p99"] <= 1e3 * 10 / 70)
-    assert last.startswith("gpu_bench device=cpu ")
-    assert f"chunk_every_143ms={'yes' if seventy['chunk_every_143ms'] else 'no'} " in last
-    assert out.with_suffix(".png").is_file()
-
-
-@pytest.mark.slow
-def test_cpu_smoke_compares_the_timed_model_with_openpi(smoke) -> None:
-    proc, out = smoke
-    document = json.loads(out.read_text())
-    equality = document["openpi_equality"]
-    assert document["openpi_equal"] is True and equality["openpi_equal"] is True
-    assert equality["tolerance"] == 1e-5 and "float32" in equality["tolerance_rule"]
-    assert equality["max_abs_diff"] <= 1e-5
-    assert len(equality["max_abs_diff_per_observation"]) == equality["observations"] == 2
-    # Another observation moves the chunk far beyond the tolerance: equality is meaningful.
-    assert equality["observation_dependence"] > 0.05
-    assert equality["meaningful"] is True and equality["dependence_over_tolerance"] > 1e3
-    # The timed model is the compared one: its zero leaves perturbed, the tiny preset's tower.
-    assert document["model"]["perturbed_zero_leaves"] > 0
-    assert equality["vision_variant"] == document["model"]["vision_variant"] == "mu/14"
-    assert "mu/14 tower" in equality["openpi_model"]
-    assert "openpi equality (float32): equal" in proc.stdout
-
-
-@pytest.mark.slow
-def test_cpu_smoke_names_its_versions_and_stage_times(smoke) -> None:
-    _, out = smoke
-    document = json.loads(out.read_text())
-    assert document["jax"] == importlib.metadata.version("jax")
-    assert document["jaxlib"] == importlib.metadata.version("jaxlib")
-    assert document["python"] == platform.python_version()
-    assert document["device_platform"] == "cpu"
-    stages = document["stages"]
-    assert list(stages) == [*STAGES, "total"]
-    for name in STAGES:
-        assert stages[name]["wall_s"] > 0, name
-        assert "interrupted" not in stages[name], name
-    # Stages do not overlap and run within the process's own time.
-    assert sum(stages[name]["wall_s"] for name in STAGES) <= stages["total"]["wall_s"] + 1e-3
-    assert stages["total"]["wall_s"] <= document["wall_s"] + 1e-3
-    for name in ("model", "equality", "components"):  # compiled (or loaded from the cache)
-        assert stages[name]["xla_compiles"] > 0, name
-    for name in ("warmup_frames", "measured"):  # engines warmed up: no compilation
-        assert stages[name]["xla_compiles"] == 0, name
-    total = stages["total"]
-    assert total["xla_compiles"] == sum(stages[name]["xla_compiles"] for name in STAGES)
-    assert total["backend_compile_s"] > 0 and total["trace_s"] > 0
-
-
-@pytest.mark.slow
-def test_plot_from_draws_the_png_of_a_json(smoke, tmp_path: Path) -> None:
-    _, out = smoke
-    copy = tmp_path / "copied.json"
-    shutil.copyfile(out, copy)
-    proc = _run("--plot-from", str(copy), timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert copy.with_suffix(".png").stat().st_size > 1000
-    assert proc.stdout.strip().splitlines()[-1] == f"plot: {copy.with_suffix('.png')}"
 
 
 @pytest.mark.slow

@@ -9,9 +9,11 @@ from __future__ import annotations
 import ast
 import fcntl
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -26,8 +28,20 @@ from harness import JAX_TEST_CACHE
 ROOT = Path(__file__).resolve().parents[1]
 HOST_VENVS = JAX_TEST_CACHE.parent / "gpu_bundle_test_hosts"
 LAST_LINE = re.compile(
-    r"^gpu_bench device=cpu action_hz=[0-9.]+ tokens_per_s=[0-9]+ "
-    r"speedup_vs_isolated=[0-9.]+ chunk_every_143ms=(yes|no) openpi_equal=yes complete=yes$"
+    r"^gpu_bench device=cpu action_hz=(?P<hz>[0-9.]+) tokens_per_s=[0-9]+ "
+    r"speedup_vs_isolated=(?P<speedup>[0-9.]+) chunk_every_143ms=(yes|no) openpi_equal=yes "
+    r"complete=yes$"
+)
+STAGES = (
+    "imports",
+    "imports_engine",
+    "peaks",
+    "model",
+    "equality",
+    "components",
+    "engines",
+    "warmup_frames",
+    "measured",
 )
 
 
@@ -57,7 +71,7 @@ def _venv(path: Path) -> Path:
 def _bare_env(**extra: str) -> dict[str, str]:
     """No PYTHONPATH, venv, ROS or pip configuration of this machine's. The test run's XLA
     cache (test/conftest.py) holds executables, not modules: the smoke benchmark compiles what
-    test_gpu_bench's smoke run compiled, with the same JAX."""
+    the last run compiled, with the same JAX."""
     cache = {
         k: v
         for k, v in os.environ.items()
@@ -162,12 +176,31 @@ def test_bundle_carries_both_pythons_under_64_mib(bundle: Path) -> None:
     assert set(manifest["host_provides"]) == set(gpu_bundle.HOST_PROVIDES)
 
 
+@pytest.fixture(scope="module")
+def smoke(bundle: Path, host_python: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One `--force-cpu-smoke` run of the bundle on the fake host, installed with no index (with
+    a budget it keeps easily), for every test below: the GPU host's path, on which the
+    benchmark's own checks are asserted too. Returns (the run, its JSON, its scratch dir)."""
+    home = tmp_path_factory.mktemp("smoke")
+    scratch, out = home / "scratch", home / "smoke.json"
+    proc = subprocess.run(
+        ["bash", str(bundle / "run"), "--force-cpu-smoke", "--budget-s", "600", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=home,
+        env=_bare_env(PYTHON=str(host_python), OXYGEN_SCRATCH=str(scratch)),
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc, out, scratch
+
+
 @pytest.mark.slow
 def test_installed_with_no_index_on_a_bare_host_the_smoke_benchmark_runs(
-    bundle: Path, host_python: Path, tmp_path: Path
+    smoke, host_python: Path, tmp_path: Path
 ) -> None:
     # Control: the fake host has JAX, PyTorch and transformers and none of what the bundle
-    # brings, so a module the bundle lacked would fail the run below.
+    # brings, so a module the bundle lacked would have failed the run.
     probe = "import importlib.util as u; print([m for m in {mods!r} if u.find_spec(m)])"
     have = ["jax", "torch", "transformers", "flax", "openpi", "oxygen_ros", "einops", "PIL"]
     found = subprocess.run(
@@ -180,19 +213,7 @@ def test_installed_with_no_index_on_a_bare_host_the_smoke_benchmark_runs(
     ).stdout
     assert found.strip() == "['jax', 'torch', 'transformers']"
 
-    scratch = tmp_path / "scratch"
-    out = tmp_path / "smoke.json"
-    proc = subprocess.run(
-        ["bash", str(bundle / "run"), "--force-cpu-smoke", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=tmp_path,
-        env=_bare_env(PYTHON=str(host_python), OXYGEN_SCRATCH=str(scratch)),
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    lines = proc.stdout.strip().splitlines()
-    assert LAST_LINE.match(lines[-1]), lines[-1]
+    proc, _, scratch = smoke
     origins = {
         m.group(1): m.group(2) for m in re.finditer(r"^  (\S+) \S+ (\S+)$", proc.stdout, re.M)
     }
@@ -202,12 +223,107 @@ def test_installed_with_no_index_on_a_bare_host_the_smoke_benchmark_runs(
     for name in ("flax", "orbax.checkpoint", "jaxtyping", "openpi", "oxygen_ros.engine"):
         assert origins[name].startswith(str(scratch / "site")), (name, origins[name])
     assert not any(str(ROOT) in path for path in origins.values())
-    document = json.loads(out.read_text())
-    assert document["ran"] is True and document["smoke"] is True
-    assert document["openpi_equal"] is True and document["complete"] is True
-    assert [r["method"] for r in document["results"]][:3] == ["isolated", "shared_kv", "cb_k5"]
     # The bundle went to the scratch directory; the host's environment is as it was.
     assert _freeze(host_python) == json.loads((host_python.parents[2] / "freeze.json").read_text())
+
+
+@pytest.mark.slow
+def test_cpu_smoke_runs_the_comparison_and_ends_with_the_summary_line(smoke) -> None:
+    proc, out, _ = smoke
+    last = proc.stdout.strip().splitlines()[-1]
+    assert (match := LAST_LINE.match(last)), last
+    assert "device=cpu " in last
+    document = json.loads(out.read_text())
+    assert document["ran"] is True and document["smoke"] is True
+    assert document["complete"] is True and document["incomplete_reason"] is None
+    assert document["trimmed"] == []  # 600 s is plenty
+    assert document["device"] == "cpu"
+    assert document["model"]["preset"] == "tiny"
+    assert document["setting"]["denoise_steps"] == 10 and document["setting"]["k"] == 5
+    assert document["setting"]["frames"] == document["setting"]["frames_requested"] == 2
+    methods = [r["method"] for r in document["results"]]
+    assert methods == ["isolated", "shared_kv", "cb_k5", "deadline", "deadline_143ms"]
+    for result in document["results"]:
+        assert result["deterministic_lengths"], result["label"]  # every request decoded M
+        assert result["compiles_after_warmup"] == 0, result["label"]
+        assert result["action_path_ms_p99"] <= result["chunk_interval_ms_p99"] + 1e-6
+    headline = document["headline"]
+    assert headline["method"] == "cb_k5"
+    assert headline["action_hz"] > 0 and headline["tokens_per_s"] > 0
+    assert headline["speedup_vs_isolated"] > 0
+    # The last line's speedup is the steady-state figure (the finite run's sits beside it).
+    assert match["speedup"] == f"{headline['speedup_steady_vs_isolated']:.2f}"
+    seventy = document["seventy_hz"]
+    assert seventy["period_ms"] == pytest.approx(1e3 * 10 / 70)
+    assert seventy["chunk_every_143ms"] == (seventy["chunk_interval_ms_p99"] <= 1e3 * 10 / 70)
+    assert last.startswith("gpu_bench device=cpu ")
+    assert f"chunk_every_143ms={'yes' if seventy['chunk_every_143ms'] else 'no'} " in last
+    # The fake host has no matplotlib (the GPU hosts may not): no PNG, and the run says so
+    # (the next test draws it here from the JSON).
+    assert not out.with_suffix(".png").exists()
+    assert f"matplotlib not importable: no {out.with_suffix('.png').name}" in proc.stdout
+
+
+@pytest.mark.slow
+def test_cpu_smoke_compares_the_timed_model_with_openpi(smoke) -> None:
+    proc, out, _ = smoke
+    document = json.loads(out.read_text())
+    equality = document["openpi_equality"]
+    assert document["openpi_equal"] is True and equality["openpi_equal"] is True
+    assert equality["tolerance"] == 1e-5 and "float32" in equality["tolerance_rule"]
+    assert equality["max_abs_diff"] <= 1e-5
+    assert len(equality["max_abs_diff_per_observation"]) == equality["observations"] == 2
+    # Another observation moves the chunk far beyond the tolerance: equality is meaningful.
+    assert equality["observation_dependence"] > 0.05
+    assert equality["meaningful"] is True and equality["dependence_over_tolerance"] > 1e3
+    # The timed model is the compared one: its zero leaves perturbed, the tiny preset's tower.
+    assert document["model"]["perturbed_zero_leaves"] > 0
+    assert equality["vision_variant"] == document["model"]["vision_variant"] == "mu/14"
+    assert "mu/14 tower" in equality["openpi_model"]
+    assert "openpi equality (float32): equal" in proc.stdout
+
+
+@pytest.mark.slow
+def test_cpu_smoke_names_its_versions_and_stage_times(smoke) -> None:
+    _, out, _ = smoke
+    document = json.loads(out.read_text())
+    assert document["jax"] == importlib.metadata.version("jax")
+    assert document["jaxlib"] == importlib.metadata.version("jaxlib")
+    assert document["python"] == platform.python_version()
+    assert document["device_platform"] == "cpu"
+    stages = document["stages"]
+    assert list(stages) == [*STAGES, "total"]
+    for name in STAGES:
+        assert stages[name]["wall_s"] > 0, name
+        assert "interrupted" not in stages[name], name
+    # Stages do not overlap and run within the process's own time.
+    assert sum(stages[name]["wall_s"] for name in STAGES) <= stages["total"]["wall_s"] + 1e-3
+    assert stages["total"]["wall_s"] <= document["wall_s"] + 1e-3
+    for name in ("model", "equality", "components"):  # compiled (or loaded from the cache)
+        assert stages[name]["xla_compiles"] > 0, name
+    for name in ("warmup_frames", "measured"):  # engines warmed up: no compilation
+        assert stages[name]["xla_compiles"] == 0, name
+    total = stages["total"]
+    assert total["xla_compiles"] == sum(stages[name]["xla_compiles"] for name in STAGES)
+    assert total["backend_compile_s"] > 0 and total["trace_s"] > 0
+
+
+@pytest.mark.slow
+def test_plot_from_draws_the_png_of_a_json(smoke, tmp_path: Path) -> None:
+    _, out, _ = smoke
+    copy = tmp_path / "copied.json"
+    shutil.copyfile(out, copy)
+    proc = subprocess.run(
+        [sys.executable, "-P", str(ROOT / "benchmarks/gpu_bench.py"), "--plot-from", str(copy)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert copy.with_suffix(".png").stat().st_size > 1000
+    assert proc.stdout.strip().splitlines()[-1] == f"plot: {copy.with_suffix('.png')}"
 
 
 @pytest.mark.slow

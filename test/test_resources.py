@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from oxygen_ros.resources import SOURCE_ROOT, resolve_path
+from oxygen_ros.resources import SOURCE_ROOT, cache_dir, resolve_path
 
 
 def test_plain_paths_pass_through_with_home_expanded() -> None:
@@ -28,3 +28,16 @@ def test_bad_uris_are_refused() -> None:
         resolve_path("package://oxygen_ros")
     with pytest.raises(ValueError, match="is not installed"):
         resolve_path("package://no_such_package_here/x")
+
+
+def test_cache_dirs_follow_xdg_cache_home(monkeypatch, tmp_path: Path) -> None:
+    from oxygen_ros import supervisor
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    assert cache_dir("jax") == tmp_path / "oxygen_ros" / "jax"
+    assert supervisor.node_env()["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "oxygen_ros/jax")
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/elsewhere")  # a user's choice stays
+    assert supervisor.node_env()["JAX_COMPILATION_CACHE_DIR"] == "/elsewhere"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_dir("jax") == Path.home() / ".cache" / "oxygen_ros" / "jax"

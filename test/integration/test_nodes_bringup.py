@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 from diagnostic_msgs.msg import DiagnosticArray
-from harness import SpinningNode, call_service, wait_for
+from harness import SpinningNode, call_service, newest_status, wait_for
 from rclpy.qos import QoSProfile, QoSReliabilityPolicy
 
 from oxygen_ros.msg import ActionChunk, SpeechToken
-from oxygen_ros.nodes.common.conversions import diagnostic_values, time_to_seconds
+from oxygen_ros.nodes.common.conversions import time_to_seconds
 from oxygen_ros.nodes.common.runtime import RELIABLE_QOS, SPEECH_QOS
 
 pytestmark = pytest.mark.integration
@@ -48,11 +48,7 @@ def gone(pid: int) -> bool:
 
 def bringup_status(diagnostics) -> dict[str, str]:
     """The bring-up's newest own status values ({} before one)."""
-    for array in reversed(list(diagnostics)):
-        for status in array.status:
-            if status.name == "oxygen_ros: bringup":
-                return diagnostic_values(status)
-    return {}
+    return newest_status(diagnostics, "bringup")
 
 
 def test_bringup_streams_respawns_a_killed_inference_and_stops_on_sigint(

@@ -20,7 +20,7 @@ import yaml
 from action_msgs.msg import GoalStatus
 from builtin_interfaces.msg import Duration
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
-from harness import ProcessLauncher, SpinningNode, call_service, wait_for
+from harness import ProcessLauncher, SpinningNode, call_service, newest_status, wait_for
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
 from rcl_interfaces.srv import GetParameters, SetParameters
@@ -177,11 +177,7 @@ class Graph:
 
 def inference_values(diagnostics) -> dict[str, str]:
     """The newest inference status of the collected /diagnostics ({} if none yet)."""
-    for array in reversed(list(diagnostics)):
-        for status in array.status:
-            if status.name == "oxygen_ros: inference":
-                return {kv.key: kv.value for kv in status.values}
-    return {}
+    return newest_status(diagnostics, "inference")
 
 
 def inference_value(diagnostics, key: str) -> str:

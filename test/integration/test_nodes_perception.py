@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from diagnostic_msgs.msg import DiagnosticArray
-from harness import call_service, wait_for
+from harness import call_service, newest_status, wait_for
 from rcl_interfaces.srv import SetParameters
 from rclpy.parameter import Parameter
 from sensor_msgs.msg import Image, JointState
@@ -161,11 +161,7 @@ def perception(request, launcher, ros_node, tmp_path):
 
 
 def latest_counters(diags) -> dict:
-    for array in reversed(diags):
-        for status in array.status:
-            if status.name == "oxygen_ros: perception":
-                return diagnostic_values(status)
-    return {}
+    return newest_status(diags, "perception")
 
 
 def test_frames_fuse_every_encoding_at_model_resolution(perception) -> None:

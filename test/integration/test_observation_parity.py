@@ -16,12 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from diagnostic_msgs.msg import DiagnosticArray
-from harness import call_service, wait_for
+from harness import call_service, newest_status, wait_for
 
 from oxygen_ros.engine.config import get_model_config
 from oxygen_ros.msg import EpisodeStatus, ObservationFrame
 from oxygen_ros.nodes.common.conversions import (
-    diagnostic_values,
     image_msg_to_rgb,
     time_to_seconds,
 )
@@ -91,11 +90,7 @@ def reset_stamp(statuses: list[EpisodeStatus], episode_id: int) -> float | None:
 
 def perception_count(diags: list[DiagnosticArray], name: str) -> int:
     """Perception's newest diagnostics value `name` (0 before it is counted)."""
-    for array in reversed(list(diags)):
-        for status in array.status:
-            if status.name == "oxygen_ros: perception":
-                return int(diagnostic_values(status).get(name, 0))
-    return 0
+    return int(newest_status(diags, "perception").get(name, 0))
 
 
 def first_after(frames: list[ObservationFrame], t: float) -> ObservationFrame | None:

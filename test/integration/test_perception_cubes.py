@@ -10,11 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from diagnostic_msgs.msg import DiagnosticArray
-from harness import wait_for
+from harness import newest_status, wait_for
 from sensor_msgs.msg import Image, JointState
 
 from oxygen_ros.msg import ObservationFrame
-from oxygen_ros.nodes.common.conversions import diagnostic_values
 from oxygen_ros.nodes.common.image_conversion import encode_image
 from oxygen_ros.nodes.common.runtime import OBSERVATION_QOS, SENSOR_QOS
 from oxygen_ros.perception import workcell_cubes
@@ -157,11 +156,7 @@ def truth(spec: tasks.EpisodeSpec) -> np.ndarray:
 
 def counter(diags, name: str) -> int:
     """Perception's newest diagnostics value `name` (0 before it is counted)."""
-    for array in reversed(diags):
-        for status in array.status:
-            if status.name == "oxygen_ros: perception":
-                return int(diagnostic_values(status).get(name, 0))
-    return 0
+    return int(newest_status(diags, "perception").get(name, 0))
 
 
 def unseen(diags) -> int:
