@@ -73,7 +73,10 @@ if [ -d "$VENV" ] && [ ! -L "$VENV" ]; then  # a venv of this clone's own
   fi
 else
   VENVS="${XDG_CACHE_HOME:-$HOME/.cache}/oxygen_ros/venvs"
-  key="$( { echo "$lock_hash"; "$PYTHON" -c 'import sys; print(sys.executable, sys.version)'; } \
+  # The base interpreter: run from inside a venv (the tests run setup with the venv's bin first
+  # on PATH) python3.11 is the venv's, and keying by it made a venv per clone.
+  key="$( { echo "$lock_hash"; "$PYTHON" -c \
+    'import sys; print(getattr(sys, "_base_executable", sys.executable), sys.version)'; } \
     | sha256sum | cut -c1-16)"
   shared="$VENVS/$key"
   mkdir -p "$VENVS"

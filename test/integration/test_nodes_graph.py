@@ -440,6 +440,7 @@ def test_restart_keeps_memory_and_ids_continue(graph) -> None:
         last_id = conn.execute("SELECT MAX(entry_id) FROM memory").fetchone()[0]
     published = max(e.entry_id for e in graph.memory)
     assert last_id >= published  # nothing published was lost
+    old_runs = {e.request_id.split("-")[1] for e in list(graph.memory)}
     late: list[MemoryEntry] = []
     graph.view.node.create_subscription(MemoryEntry, "oxygen/memory", late.append, latched_qos(20))
     graph.start_inference()
@@ -457,6 +458,9 @@ def test_restart_keeps_memory_and_ids_continue(graph) -> None:
     )
     new = [e.entry_id for e in late if e.entry_id > last_id]
     assert min(new) == last_id + 1  # ids continue
+    # Request ids name the run: the new run's are none of the old run's (kind-<run>-<n>).
+    new_runs = {e.request_id.split("-")[1] for e in late if e.entry_id > last_id}
+    assert len(new_runs) == 1 and not new_runs & old_runs, (old_runs, new_runs)
 
 
 def test_instructions_from_volatile_and_latched_publishers_count_once_and_stay_latched(

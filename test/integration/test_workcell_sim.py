@@ -568,6 +568,32 @@ def test_stamps_are_sim_time_at_the_real_time_factor(sim) -> None:
     assert simulator.alive()
 
 
+def test_paused_holds_sim_time_and_resumes_without_catching_up(sim) -> None:
+    _launcher, probe, simulator, _perception = sim
+    start = probe.now()
+    wait_for(lambda: probe.now() > start + 0.2, 10, "the clock advancing (the control)")
+
+    def paused() -> list[dict[str, str]]:
+        return [d for d in list(probe.diagnostics) if d.get("paused") == "True"]
+
+    probe.set_param("paused", True)
+    try:
+        wait_for(lambda: len(paused()) >= 1, 5, "a status saying paused")
+        held = float(paused()[0]["sim_time_s"])
+        # Two more statuses (0.5 s apart) while paused: the clock stood still all along.
+        wait_for(lambda: len(paused()) >= 3, 5, "two more paused statuses")
+        assert probe.now() <= held + 0.011, (held, probe.now())  # at most the tick under way
+        assert {d["sim_time_s"] for d in paused()} == {paused()[0]["sim_time_s"]}
+    finally:
+        probe.set_param("paused", False)
+    resumed_wall, resumed_sim = time.monotonic(), probe.now()
+    wait_for(lambda: probe.now() > resumed_sim + 0.5, 10, "the clock running again")
+    # Paced from where it stood: 0.5 sim s took about 1 wall s at 0.5x (a catch-up of the
+    # paused seconds would have taken none).
+    assert time.monotonic() - resumed_wall >= 0.8 * 0.5 / REAL_TIME_FACTOR
+    assert simulator.alive()
+
+
 def test_inference_follows_the_simulator_clock(sim) -> None:
     launcher, probe, simulator, _perception = sim
     probe.reset(seed=8)

@@ -165,8 +165,11 @@ class Submitted:
 class LanguageQueue:
     """Bounded queue of language requests between the node's callbacks and the engine thread."""
 
-    def __init__(self, max_pending: int) -> None:
+    def __init__(self, max_pending: int, run_id: str = "") -> None:
+        """`run_id` (the node's run) goes into every request id: `<kind>-<run_id>-<n>`, unique
+        across the node's restarts (`<kind>-<n>` without it)."""
         self.max_pending = max_pending
+        self._run = f"{run_id}-" if run_id else ""
         self._lock = threading.Lock()
         self._queued: collections.OrderedDict[str, LanguageRequest] = collections.OrderedDict()
         self._in_flight: dict[str, LanguageRequest] = {}
@@ -182,7 +185,7 @@ class LanguageQueue:
             if len(self._queued) + len(self._in_flight) >= self.max_pending:
                 return Submitted(False, "", f"queue full ({self.max_pending} pending requests)")
             self._counts[kind] += 1
-            request_id = f"{kind.value}-{self._counts[kind]}"
+            request_id = f"{kind.value}-{self._run}{self._counts[kind]}"
             self._queued[request_id] = LanguageRequest(
                 kind=kind, max_tokens=max_tokens, request_id=request_id
             )

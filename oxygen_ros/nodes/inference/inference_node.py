@@ -210,7 +210,8 @@ class InferenceNode(InferenceInputs, InferenceOutputs, InferenceDiagnostics, Lif
         # The units.
         # The node's ROS clock (observation stamps; sim time with use_sim_time).
         self._now = clock = lambda: now_s(self)
-        self._queue = LanguageQueue(p["max_pending_requests"])
+        # Request ids name this run (its start time, hex seconds): unique across restarts.
+        self._queue = LanguageQueue(p["max_pending_requests"], run_id=f"{int(time.time()):x}")
         self._book = RequestBook(self._queue, self._send_speech, clock)
         self._inbox = FrameInbox(
             self._clean_instruction(p["default_instruction"]) or "", clock=clock

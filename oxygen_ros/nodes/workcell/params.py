@@ -60,6 +60,14 @@ WORKCELL_SIM: tuple[ParamSpec, ...] = (
         check=float_range(0.01, 10.0),
     ),
     ParamSpec(
+        "paused",
+        False,
+        "hold the simulation: no tick, no /clock, sim time stands still until false again "
+        "(then paced anew from where it stood, no catching up)",
+        "bool",
+        runtime=True,
+    ),
+    ParamSpec(
         "chunk_max_age_s",
         1.5,
         "a command (chunk or trajectory) drives the robot at most this long after its first row "

@@ -76,6 +76,7 @@ from oxygen_ros.srv import ResetEpisode
 
 THROTTLE_S = 5.0
 START_TIMEOUT_S = 60.0  # scene compile + EGL context on a busy machine
+PAUSE_POLL_S = 0.02  # while paused: how often the loop looks at the flag
 
 
 class WorkcellSimNode(Node):
@@ -121,6 +122,9 @@ class WorkcellSimNode(Node):
         self._applied = robot.HOME.copy()  # the targets of the last tick
         self._pacer = Pacer(p["real_time_factor"])
         self._pending_factor: float | None = None
+        self._paused = threading.Event()
+        if p["paused"]:
+            self._paused.set()
         self._meter = RateMeter()
         self._joint_every = Every(p["joint_rate_hz"])
         self._camera_every = Every(p["camera_rate_hz"])
@@ -198,6 +202,9 @@ class WorkcellSimNode(Node):
         ready.set()
         try:
             while not self._stop.is_set():
+                if self._paused.is_set():  # sim time stands still; paced anew after
+                    self._stop.wait(PAUSE_POLL_S)
+                    continue
                 try:
                     t = self._tick(1.0 / p["control_rate_hz"])
                     self._maybe_next_episode(t)
@@ -384,6 +391,12 @@ class WorkcellSimNode(Node):
     def _on_params(self, changed: dict) -> None:
         if "real_time_factor" in changed:
             self._pending_factor = changed["real_time_factor"]
+        if "paused" in changed:
+            if changed["paused"]:
+                self._paused.set()
+            else:  # re-anchor the pacer at the next tick: no burst to catch up the pause
+                self._pending_factor = self.params["real_time_factor"]
+                self._paused.clear()
         for name, every in (
             ("joint_rate_hz", self._joint_every),
             ("camera_rate_hz", self._camera_every),
@@ -418,9 +431,12 @@ class WorkcellSimNode(Node):
             counters = sorted(self.counters.items())  # the sim thread adds keys under the lock
         values.update({f"render_ms.{c}": ms for c, ms in sorted(render_ms.items())})
         values.update(counters)
+        values["paused"] = self._paused.is_set()
         rtf, target = values["real_time_factor"], self.params["real_time_factor"]
         if not self._thread.is_alive():
             level, message = "ERROR", "simulation stopped"
+        elif self._paused.is_set():
+            level, message = "OK", f"paused at {values['sim_time_s']:.3f} s (parameter paused)"
         elif rtf < 0.8 * target:
             level, message = "WARN", f"real-time factor {rtf:.2f} below {target:g}"
         else:

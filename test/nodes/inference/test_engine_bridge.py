@@ -30,6 +30,10 @@ def test_ids_per_kind_and_take_moves_to_in_flight() -> None:
     assert q.finish("memory-1") == "on_demand"
     assert q.finish("memory-1") is None  # exactly once
     assert q.num_in_flight == 2
+    # The node's queue names its run: ids stay unique across restarts.
+    run = LanguageQueue(max_pending=8, run_id="6937c1a2")
+    assert run.submit(RequestKind.SUBTASK).request_id == "subtask-6937c1a2-1"
+    assert run.submit(RequestKind.SUBTASK).request_id == "subtask-6937c1a2-2"
 
 
 def test_requeue_puts_requests_back_in_front_in_order() -> None:
