@@ -83,7 +83,8 @@ class Observer:
         self.node = rclpy.create_node("soak_observer")
         self.lock = threading.Lock()
         self.chunks: list[tuple[int, float, float]] = []  # (chunk id, wall, observation stamp)
-        self.chunk_ids: set[int] = set()
+        # A chunk is its id and observation: a restarted node numbers its chunks from 1 again.
+        self.chunk_keys: set[tuple[int, float]] = set()
         self.messages = 0
         self.nan_messages = 0
         self.rows_after_valid_until = 0
@@ -134,9 +135,10 @@ class Observer:
             self.messages += 1
             self.nan_messages += nan
             self.rows_after_valid_until += late
-            if msg.chunk_id not in self.chunk_ids:
-                self.chunk_ids.add(msg.chunk_id)
-                self.chunks.append((int(msg.chunk_id), now, _seconds(msg.observation_stamp)))
+            key = (int(msg.chunk_id), _seconds(msg.observation_stamp))
+            if key not in self.chunk_keys:
+                self.chunk_keys.add(key)
+                self.chunks.append((key[0], now, key[1]))
 
     def _on_speech(self, msg) -> None:
         now = time.monotonic()
