@@ -122,20 +122,15 @@ def start_graph(phase: Phase, args: argparse.Namespace):
             relayed = ((camera, RELAY_PREFIX + camera), (joints, RELAY_PREFIX + joints))
             node = dataclasses.replace(node, remappings=(*node.remappings, *relayed))
         resolved.append(node)
-    base = supervisor.node_env()
-    base["FASTDDS_BUILTIN_TRANSPORTS"] = "UDPv4"  # respawn: see oxygen_ros.bringup
-    children = []
-    for node in resolved:
-        log_path = phase.workdir / f"{node.spec.name}.log"
-        log_path.write_bytes(b"")
-        command, env = node.command(phase.workdir), dict(base)
-        if phase.network is not None:
-            side = "b" if node.spec.name == "inference" else "a"
-            env.update(phase.network.env(side))
-            if side == "b":
-                command = [*phase.network.exec_prefix("b"), *command]
-        popen = supervisor.spawn(command, env, log_path)
-        children.append(supervisor.Child(node, popen, log_path, command, env))
+    env = {**supervisor.node_env(), "FASTDDS_BUILTIN_TRANSPORTS": "UDPv4"}  # see bringup
+
+    def per_node(node):  # inference on side b of the network, the rest on side a
+        if phase.network is None:
+            return {}, ()
+        side = "b" if node.spec.name == "inference" else "a"
+        return phase.network.env(side), phase.network.exec_prefix(side) if side == "b" else ()
+
+    children = supervisor.start_children(resolved, phase.workdir, env, per_node)
     return children, topics, {"camera": camera, "joint_states": joints}, db_path
 
 
@@ -190,13 +185,20 @@ def run_phase(phase: Phase, args: argparse.Namespace) -> dict:
     observer = Observer(topics, relay_topics)
     sampler = Sampler()
     try:
-        return _run(phase, args, children, observer, sampler, db_path)
+        try:
+            t0 = _serve(phase, args, children, observer, sampler)
+            stopped = time.monotonic()
+        finally:  # before the snapshot: it then holds all the graph sent
+            supervisor.stop_children(children, sys.stderr)
+        snap = observer.snapshot()
     finally:
-        supervisor.stop_children(children, sys.stderr)
         observer.close()
+    return summarise_phase(phase, snap, sampler, db_path, t0, stopped, children)
 
 
-def _run(phase, args, children, observer: Observer, sampler: Sampler, db_path: Path) -> dict:
+def _serve(phase, args, children, observer: Observer, sampler: Sampler) -> float:
+    """Serves the phase: its faults, language load and samples. Returns the wall time of its
+    first chunk (the phase's start)."""
     from oxygen_ros import supervisor
 
     started = time.monotonic()
@@ -247,10 +249,7 @@ def _run(phase, args, children, observer: Observer, sampler: Sampler, db_path: P
         time.sleep(POLL_S)
     for _, action in ends:  # a fault still running at the end is ended first
         action()
-    stopped = time.monotonic()
-    supervisor.stop_children(children, sys.stderr)
-    snap = observer.snapshot()
-    return summarise_phase(phase, snap, sampler, db_path, t0, stopped, children)
+    return t0
 
 
 def summarise_phase(phase, snap, sampler, db_path, t0, stopped, children) -> dict:

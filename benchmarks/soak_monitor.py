@@ -8,8 +8,7 @@ graph publishes, compactly enough for hours:
 - every language request's stream (request id -> kind, first and final wall times, finals);
 - every memory entry (id, text, request id; the topic is latched: republished entries count
   once), and whether new ids kept increasing;
-- every episode's end (EpisodeStatus leaving RUNNING), the inference node's diagnostics once a
-  second, the sim clock.
+- every episode's end (EpisodeStatus leaving RUNNING), the sim clock.
 It also sends the language load (RequestLanguage) and the malformed instructions.
 
 `Relay` carries the top camera and the joint states from the simulator to perception (the graph
@@ -48,6 +47,8 @@ class Request:
     finals: int = 0
     final_wall: float = math.nan
     status: int = -1
+    tokens: int = 0  # messages seen (the final included)
+    last_wall: float = math.nan  # the newest message's
 
 
 @dataclasses.dataclass
@@ -65,7 +66,6 @@ class Observer:
 
     def __init__(self, topics: dict[str, str], relay_topics: dict[str, str]) -> None:
         import rclpy
-        from diagnostic_msgs.msg import DiagnosticArray
         from rcl_interfaces.srv import SetParameters
         from rclpy.executors import MultiThreadedExecutor
         from rosgraph_msgs.msg import Clock
@@ -92,9 +92,9 @@ class Observer:
         self.sent: list[tuple[float, str, bool, str]] = []  # (wall, kind, accepted, id/reason)
         self.memory: dict[int, tuple[str, str]] = {}  # entry id -> (text, request id)
         self.memory_order_broken = 0  # new ids not above every id seen before them
+        self._max_entry_id = -1
         self.episodes: list[Episode] = []
         self._running: dict[int, tuple[float, int, str]] = {}  # episode id -> start
-        self.diagnostics: list[tuple[float, dict[str, str]]] = []  # inference, 1 per second
         self.sim_now = 0.0
         self.node.create_subscription(Clock, "/clock", self._on_clock, 10)
         self.node.create_subscription(ActionChunk, topics["actions"], self._on_chunk, RELIABLE_QOS)
@@ -103,7 +103,6 @@ class Observer:
             MemoryEntry, topics["memory"], self._on_memory, latched_qos(50)
         )
         self.node.create_subscription(EpisodeStatus, topics["episode_status"], self._on_status, 10)
-        self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, 50)
         self.request_client = self.node.create_client(RequestLanguage, topics["request_language"])
         self.param_client = self.node.create_client(SetParameters, "/workcell_sim/set_parameters")
         self.instruction_pub = self.node.create_publisher(
@@ -148,6 +147,8 @@ class Observer:
                 request = self.requests[msg.request_id] = Request(
                     KINDS.get(msg.kind, str(msg.kind)), "node", now
                 )
+            request.tokens += 1
+            request.last_wall = now
             if msg.final:
                 request.finals += 1
                 request.final_wall = now
@@ -158,8 +159,9 @@ class Observer:
         with self.lock:
             if entry_id in self.memory:
                 return  # republished (latched, or on a restart)
-            if self.memory and entry_id < max(self.memory):
+            if entry_id < self._max_entry_id:
                 self.memory_order_broken += 1
+            self._max_entry_id = max(self._max_entry_id, entry_id)
             self.memory[entry_id] = (msg.text, msg.request_id)
 
     def _on_status(self, msg) -> None:
@@ -172,15 +174,6 @@ class Observer:
                 self.episodes.append(
                     Episode(msg.episode_id, seed, instruction, bool(msg.success), start, now)
                 )
-
-    def _on_diagnostics(self, msg) -> None:
-        now = time.monotonic()
-        for status in msg.status:
-            if status.name == "oxygen_ros: inference":
-                with self.lock:
-                    if not self.diagnostics or now - self.diagnostics[-1][0] >= 1.0:
-                        values = {kv.key: kv.value for kv in status.values}
-                        self.diagnostics.append((now, values))
 
     # ------------------------------------------------------------------ load and faults
     def request_language(self, kind: int, max_tokens: int = 0) -> None:
@@ -252,7 +245,6 @@ class Observer:
                 "memory": dict(self.memory),
                 "memory_order_broken": self.memory_order_broken,
                 "episodes": list(self.episodes),
-                "diagnostics": list(self.diagnostics),
                 "relay": dict(self.relay.relayed),
             }
 

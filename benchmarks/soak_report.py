@@ -51,7 +51,7 @@ def judged_requests(
     running within END_GRACE_S of the end, and those the killed inference process held (first
     seen before a kill of inference, no final before it: that process is gone)."""
     judged = missing = duplicate = held_by_kill = 0
-    missing_ids = []
+    missing_requests = []
     for request_id, request in requests.items():
         final_wall = request.final_wall
         killed = any(
@@ -66,7 +66,15 @@ def judged_requests(
         judged += 1
         if request.finals == 0:
             missing += 1
-            missing_ids.append(request_id)
+            missing_requests.append(
+                {
+                    "id": request_id,
+                    "source": request.source,
+                    "first_wall": request.first_wall,
+                    "tokens": request.tokens,
+                    "last_wall": request.last_wall,
+                }
+            )
         elif request.finals > 1:
             duplicate += 1
     accepted = sum(1 for s in sent if s[2])
@@ -79,7 +87,7 @@ def judged_requests(
         "missing_finals": missing,
         "duplicate_finals": duplicate,
         "held_by_a_killed_process": held_by_kill,
-        "missing_ids": missing_ids[:20],
+        "missing_requests": missing_requests[:20],
         "service_sent": len(sent),
         "service_accepted": accepted,
         "service_refused_reasons": reasons,

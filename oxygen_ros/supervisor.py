@@ -23,7 +23,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -80,15 +80,30 @@ def node_env() -> dict[str, str]:
     return env
 
 
-def start_children(nodes: Sequence[graph.ResolvedNode], log_dir: Path) -> list[Child]:
-    """Starts every node in order, its output in `log_dir/<name>.log` (a new file)."""
+def start_children(
+    nodes: Sequence[graph.ResolvedNode],
+    log_dir: Path,
+    env: Mapping[str, str] | None = None,
+    per_node: Callable[[graph.ResolvedNode], tuple[Mapping[str, str], Sequence[str]]]
+    | None = None,
+) -> list[Child]:
+    """Starts every node in order, its output in `log_dir/<name>.log` (a new file).
+
+    Args:
+        env: the processes' environment (default `node_env()`).
+        per_node: a node's own additions: (environment entries, command prefix), for example a
+            network namespace's (`ip netns exec <ns>`); kept for its restarts.
+    """
     children = []
-    env = node_env()
+    base = node_env() if env is None else dict(env)
     for node in nodes:
+        extra, prefix = per_node(node) if per_node is not None else ({}, ())
         log_path = log_dir / f"{node.spec.name}.log"
         log_path.write_bytes(b"")
-        command = node.command(log_dir)
-        children.append(Child(node, spawn(command, env, log_path), log_path, command, env))
+        command, child_env = [*prefix, *node.command(log_dir)], {**base, **extra}
+        children.append(
+            Child(node, spawn(command, child_env, log_path), log_path, command, child_env)
+        )
     return children
 
 

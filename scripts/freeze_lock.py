@@ -13,7 +13,7 @@ HEADER = (
     "# Full pinned closure, installed with `pip install --no-deps -r requirements.lock`\n"
     "# (scripts/setup.sh). Regenerate from a working venv with scripts/freeze_lock.py.\n"
 )
-SKIP = {"pip", "setuptools", "wheel"}  # pinned by scripts/setup.sh itself
+SKIP = {"pip", "setuptools", "wheel", "uv"}  # pinned by scripts/setup.sh itself
 
 
 def main() -> None:

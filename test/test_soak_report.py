@@ -83,7 +83,9 @@ def test_requests_need_exactly_one_final_unless_a_kill_or_the_end_held_them() ->
     sent = [(10.0, "narration", True, "ok"), (11.0, "memory", False, "queue full")]
     judged = report.judged_requests(requests, sent, kills=[30.0], end_wall=100.0)
     assert judged["judged"] == 4  # ok, twice, lost, done_before_kill
-    assert judged["missing_finals"] == 1 and judged["missing_ids"] == ["lost"]
+    assert judged["missing_finals"] == 1
+    assert [r["id"] for r in judged["missing_requests"]] == ["lost"]
+    assert judged["missing_requests"][0]["first_wall"] == 40.0
     assert judged["duplicate_finals"] == 1
     assert judged["held_by_a_killed_process"] == 1
     assert judged["service_accepted"] == 1

@@ -65,3 +65,41 @@ def test_a_stop_cancels_a_restart_that_is_due(tmp_path: Path) -> None:
     supervisor.stop_children([crashing], out)
     assert supervisor.poll_children([crashing]) == [] and crashing.restarts == 0
     assert crashing.state == "EXITED"
+
+
+def test_start_children_adds_each_nodes_environment_and_prefix_and_keeps_them(
+    tmp_path: Path,
+) -> None:
+    """`per_node`'s environment entries and command prefix (as a network namespace's `ip netns
+    exec`) reach that node's process, its restart too; the other nodes get neither."""
+    prefix = [sys.executable, "-c", PRINT_SIDE_AND_EXIT]
+    # `python -m this` prints and exits 0: the node without a prefix runs its own command.
+    specs = [
+        dataclasses.replace(graph.NODES[0], name=n, module="this") for n in ("inside", "outside")
+    ]
+    nodes = [
+        graph.ResolvedNode(s, "", str(tmp_path / "p.yaml"), respawn=True, respawn_delay_s=0.0)
+        for s in specs
+    ]
+
+    def per_node(node):
+        return ({"OXY_SIDE": "b"}, prefix) if node.spec.name == "inside" else ({}, ())
+
+    env = {**supervisor.node_env(), "OXY_SIDE": "a"}
+    inside, outside = supervisor.start_children(nodes, tmp_path, env, per_node)
+    assert inside.command == [*prefix, *nodes[0].command(tmp_path)]
+    assert outside.command == nodes[1].command(tmp_path)
+    assert inside.env["OXY_SIDE"] == "b" and outside.env["OXY_SIDE"] == "a"
+    events_until([inside], "restarted")
+    inside.popen.wait(20)
+    runs = inside.log_path.read_text().splitlines()
+    assert runs == [f"side=b node={sys.executable}"] * 2  # the restart: same prefix and env
+    assert outside.popen.wait(20) == 0 and "Beautiful is better" in outside.log_path.read_text()
+    supervisor.stop_children([inside, outside], io.StringIO())
+
+
+# argv[1:] is the node's own command, after the prefix.
+PRINT_SIDE_AND_EXIT = (
+    "import os, sys; print(f\"side={os.environ['OXY_SIDE']} node={sys.argv[1]}\", flush=True);"
+    " raise SystemExit(3)"
+)

@@ -64,7 +64,7 @@ def test_short_soak_with_a_kill_and_a_dds_cut_keeps_the_invariants(tmp_path: Pat
     # Language: requests were judged (the control), none without exactly one final.
     language = soak["language"]
     assert language["judged"] >= 20 and language["service_accepted"] >= 20, language
-    assert summary["missing_finals"] == 0, language
+    assert summary["missing_finals"] == 0, json.dumps({**language, "faults": soak["faults"]})
     # Actions: chunks flowed, none sent past its expiry, no NaN.
     assert soak["actions"]["new_chunks"] >= 100, soak["actions"]
     assert summary["expired_rows"] == 0 and summary["nan"] == 0, soak["actions"]
