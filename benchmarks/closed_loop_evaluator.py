@@ -59,6 +59,7 @@ class Evaluator:
             "use_sim": "true",
             "policy": args.policy,
             "real_time_factor": repr(args.real_time_factor),
+            "view": "false",  # the evaluator is its own observer
         }
         if args.params_file:
             launch["params_file"] = args.params_file

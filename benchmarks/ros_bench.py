@@ -128,7 +128,7 @@ class Bench:
         overrides = {"model_preset": args.preset}
         if args.checkpoint_dir:
             overrides["checkpoint_dir"] = args.checkpoint_dir
-        nodes = graph.resolve({"use_sim": "true", **overrides})
+        nodes = graph.resolve({"use_sim": "true", "view": "false", **overrides})
         extra = {
             "inference": [
                 "-p",

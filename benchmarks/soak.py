@@ -97,6 +97,7 @@ def start_graph(phase: Phase, args: argparse.Namespace):
         "respawn_delay": "2.0",
         "next_episode_after_s": "2.0",
         "real_time_factor": repr(args.real_time_factor),
+        "view": "false",
     }
     nodes = graph.resolve(launch)
     config = yaml.safe_load(Path(nodes[0].params_file).read_text())

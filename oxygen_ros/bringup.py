@@ -27,6 +27,7 @@ import collections
 import contextlib
 import importlib.util
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -39,6 +40,7 @@ from oxygen_ros import graph
 from oxygen_ros.supervisor import Child, poll_children, start_children, stop_children, tail
 
 REFRESH_S = 0.5
+VIEW_URL = re.compile(r"\bview: (http://\S+)")  # the viewer node's start-up line
 STATUS_PERIOD_S = 1.0  # the bring-up's own /diagnostics status
 SPEECH_LINES = 6
 MEMORY_LINES = 5
@@ -74,7 +76,9 @@ def parse_args(argv: Sequence[str]) -> tuple[dict[str, str], argparse.Namespace]
         default="",
         help="directory for the nodes' logs (default: a new temporary one)",
     )
-    parser.add_argument("--no-view", action="store_true", help="do not show the console view")
+    parser.add_argument(
+        "--no-console", action="store_true", help="do not show the console view (text)"
+    )
     parser.add_argument(
         "--print",
         dest="print_only",
@@ -316,6 +320,14 @@ def _clip(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def view_urls(log_path: Path) -> list[str]:
+    """The URLs the viewer's log announced, one per start (a restart may serve new ports)."""
+    try:
+        return VIEW_URL.findall(log_path.read_text(errors="replace"))
+    except OSError:
+        return []
+
+
 def describe(nodes: Sequence[graph.ResolvedNode], overrides_dir: Path) -> str:
     """What `--print` shows: per node its name, namespace, params file, launch overrides and
     the command line the bring-up would run (with its overrides file in `overrides_dir`)."""
@@ -380,12 +392,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     view = (
         None
-        if options.no_view
+        if options.no_console
         else ConsoleView(nodes[0].namespace if nodes else "", topic_names(nodes[0].params_file))
     )
+    viewer = next((c for c in children if c.name == "viewer"), None)
+    urls_shown = 0  # one per start of the viewer
     start = time.monotonic()
     code = 0
-    last_print = last_status = 0.0
+    last_print = last_status = last_url_check = 0.0
     try:
         while not stop.is_set():
             elapsed = time.monotonic() - start
@@ -398,6 +412,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if ended:
                 code = 1
                 break
+            if (
+                viewer is not None
+                and urls_shown <= viewer.restarts  # this start has not announced its URL
+                and elapsed - last_url_check >= 1.0
+            ):
+                last_url_check = elapsed
+                for url in view_urls(viewer.log_path)[urls_shown:]:
+                    print(f"[bringup] live view: {url}", file=out, flush=True)
+                    urls_shown += 1
             if view is not None and elapsed - last_status >= STATUS_PERIOD_S:
                 view.publish_status(children)
                 last_status = elapsed

@@ -107,6 +107,18 @@ LAUNCH_ARGUMENTS: tuple[LaunchArgument, ...] = (
         "workcell simulation: start the next seed this many sim seconds after an episode "
         "ends (empty: the YAML's value; 0: wait for a reset request)",
     ),
+    LaunchArgument(
+        "view",
+        "true",
+        "serve the live view (the viewer node: cameras, speech, memory, actions in a browser; "
+        "true/false)",
+    ),
+    LaunchArgument(
+        "record",
+        "",
+        "record every topic into a rosbag2 MCAP bag in this directory, which must not exist "
+        "(the recorder node; empty: no recording)",
+    ),
 )
 PROFILES = ("humanoid", "workcell")
 POLICIES = ("model", "expert")
@@ -129,9 +141,16 @@ class NodeSpec:
     # stand for the world and the demonstrator: a restarted simulator would start a new world
     # at time 0 and the expert a partial demonstration, so their exit ends the bring-up.
     respawn: bool = False
+    # Started only when this launch argument is on (a true boolean, or a non-empty value for
+    # `record`, which is then the node's `output_dir`); "": always.
+    enabled_by: str = ""
 
 
 NODES: tuple[NodeSpec, ...] = (
+    # First: it records from the start (it subscribes to topics as they appear).
+    NodeSpec(
+        "recorder_node", "oxygen_ros.nodes.recorder.recorder_node", "recorder", enabled_by="record"
+    ),
     NodeSpec(
         "sim_sensors_node",
         "oxygen_ros.nodes.humanoid.sim_sensors_node",
@@ -169,6 +188,14 @@ NODES: tuple[NodeSpec, ...] = (
         "expert",
         profiles=("workcell",),
         policy="expert",
+    ),
+    # Restarted like the brain: a person watching is no reason to stop the robot.
+    NodeSpec(
+        "viewer_node",
+        "oxygen_ros.nodes.viewer.viewer_node",
+        "viewer",
+        respawn=True,
+        enabled_by="view",
     ),
 )
 
@@ -309,8 +336,8 @@ def resolve(arguments: Mapping[str, str]) -> list[ResolvedNode]:
 
     Raises:
         ValueError: an unknown argument, a bad boolean, profile, policy, real-time factor,
-            next-episode or respawn delay, a missing params file, or a remap entry that is
-            not a from:=to pair.
+            next-episode or respawn delay, a missing params file, a remap entry that is not a
+            from:=to pair, or a `record` directory that exists.
     """
     known = {a.name: a.default for a in LAUNCH_ARGUMENTS}
     unknown = sorted(set(arguments) - set(known))
@@ -352,13 +379,21 @@ def resolve(arguments: Mapping[str, str]) -> list[ResolvedNode]:
     namespace = values["namespace"].strip().rstrip("/")
     if namespace and not namespace.startswith("/"):
         namespace = "/" + namespace
+    enabled = {"view": parse_bool(values["view"]), "record": values["record"].strip() != ""}
+    record_dir = os.path.abspath(os.path.expanduser(values["record"].strip()))
+    if enabled["record"] and os.path.exists(record_dir):
+        raise ValueError(f"record: {record_dir!r} exists (a bag directory must be new)")
     nodes = []
     for spec in NODES:
         if profile not in spec.profiles or (spec.sim_only and not use_sim):
             continue
         if spec.policy and spec.policy != policy:
             continue
+        if spec.enabled_by and not enabled[spec.enabled_by]:
+            continue
         overrides = {k: overrides_by_name[k] for k in spec.overridable if k in overrides_by_name}
+        if spec.enabled_by == "record":
+            overrides["output_dir"] = record_dir
         nodes.append(
             ResolvedNode(
                 spec,

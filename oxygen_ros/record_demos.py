@@ -107,6 +107,7 @@ def graph_nodes(args: argparse.Namespace, out: Path) -> list[graph.ResolvedNode]
         "use_sim": "true",
         "policy": "expert",
         "real_time_factor": repr(args.real_time_factor),
+        "view": "false",
     }
     if args.params_file:
         launch["params_file"] = args.params_file

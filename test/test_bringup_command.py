@@ -36,7 +36,7 @@ def _printed(command: list[str]) -> dict[str, dict[str, str]]:
 
 def test_first_command_brings_up_the_workcell_with_the_trained_model() -> None:
     nodes = _printed(["bash", str(ROOT / "scripts" / "bringup"), "--print"])
-    assert list(nodes) == ["workcell_sim", "perception", "inference"], nodes
+    assert list(nodes) == ["workcell_sim", "perception", "inference", "viewer"], nodes
     params = Path(nodes["inference"]["params_file"])
     assert params.name == "workcell.yaml"
     section = graph.node_parameters(yaml.safe_load(params.read_text()), "inference")
@@ -50,5 +50,5 @@ def test_a_profile_argument_wins_and_the_module_default_stays_humanoid() -> None
     script = _printed(["bash", str(ROOT / "scripts" / "bringup"), "profile:=humanoid", "--print"])
     module = _printed([sys.executable, "-P", "-m", "oxygen_ros.bringup", "--print"])
     for nodes in (script, module):
-        assert list(nodes) == ["sim_sensors", "perception", "inference"], nodes
+        assert list(nodes) == ["sim_sensors", "perception", "inference", "viewer"], nodes
         assert Path(nodes["inference"]["params_file"]).name == "humanoid.yaml"

@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "oxygen_ros"
-ROS_FREE = ("engine", "sim", "perception", "training")
+ROS_FREE = ("engine", "sim", "perception", "training", "recording")
 # Project packages each ROS-free package may import.
 ALLOWED = {
     "engine": {"engine"},
     "sim": {"sim"},
     "perception": {"perception", "sim"},
     "training": {"training", "engine", "sim", "perception"},
+    "recording": {"recording", "resources"},
 }
 FORBIDDEN_ROOTS = {
     "rclpy",

@@ -22,7 +22,7 @@ WORKCELL_LAUNCH_FILE = ROOT / "launch" / "workcell.launch.py"
 
 def test_default_graph_is_perception_and_inference_with_yaml() -> None:
     nodes = graph.resolve({})
-    assert [n.spec.name for n in nodes] == ["perception", "inference"]
+    assert [n.spec.name for n in nodes] == ["perception", "inference", "viewer"]
     assert all(Path(n.params_file).name == "humanoid.yaml" for n in nodes)
     assert all(Path(n.params_file).is_file() for n in nodes)
     assert all(n.overrides == {} and n.namespace == "" for n in nodes)
@@ -41,7 +41,7 @@ def test_use_sim_adds_sensors_first_and_overrides_reach_their_nodes(tmp_path) ->
             "remap": "joint_states:=robot/joint_states  oxygen/actions:=/fleet/actions",
         }
     )
-    assert [n.spec.name for n in nodes] == ["sim_sensors", "perception", "inference"]
+    assert [n.spec.name for n in nodes] == ["sim_sensors", "perception", "inference", "viewer"]
     assert nodes[2].overrides == {
         "model_preset": "pi05",
         "checkpoint_dir": "/ck",
@@ -102,6 +102,7 @@ def test_perception_and_inference_respawn_unless_turned_off() -> None:
             simulator: (False, 2.0),
             "perception": (True, 2.0),
             "inference": (True, 2.0),
+            "viewer": (True, 2.0),
         }
     assert respawning(profile="workcell", use_sim="true", policy="expert")["expert"][0] is False
     assert not any(r for r, _ in respawning(respawn="false").values())
@@ -114,10 +115,12 @@ def test_perception_and_inference_respawn_unless_turned_off() -> None:
 
 
 def test_workcell_profile_starts_its_simulator_and_the_chosen_policy(tmp_path) -> None:
-    nodes = graph.resolve({"profile": "workcell"})
+    nodes = graph.resolve({"profile": "workcell", "view": "false"})
     assert [n.spec.name for n in nodes] == ["perception", "inference"]
     assert all(Path(n.params_file).name == "workcell.yaml" for n in nodes)
-    nodes = graph.resolve({"profile": "workcell", "use_sim": "true", "real_time_factor": "0.3"})
+    nodes = graph.resolve(
+        {"profile": "workcell", "use_sim": "true", "real_time_factor": "0.3", "view": "off"}
+    )
     assert [n.spec.name for n in nodes] == ["workcell_sim", "perception", "inference"]
     assert nodes[0].spec.module == "oxygen_ros.nodes.workcell.workcell_sim_node"
     assert nodes[0].overrides == {"real_time_factor": 0.3}  # a float parameter, not a string
@@ -139,10 +142,10 @@ def test_workcell_profile_starts_its_simulator_and_the_chosen_policy(tmp_path) -
     expert = graph.resolve(
         {"profile": "workcell", "use_sim": "true", "policy": "expert", "model_preset": "pi05"}
     )
-    assert [n.spec.name for n in expert] == ["workcell_sim", "perception", "expert"]
+    assert [n.spec.name for n in expert] == ["workcell_sim", "perception", "expert", "viewer"]
     assert expert[2].spec.executable == "expert_node"
     assert expert[2].spec.module == "oxygen_ros.nodes.workcell.expert_node"
-    assert [n.overrides for n in expert] == [{}, {"model_preset": "pi05"}, {}]
+    assert [n.overrides for n in expert] == [{}, {"model_preset": "pi05"}, {}, {}]
 
 
 def test_every_node_executable_has_an_installed_wrapper_script() -> None:
@@ -246,17 +249,23 @@ def test_launch_file_declares_every_argument_and_starts_the_resolved_graph(monke
     nodes = opaque.kwargs["function"](context)
     expected = graph.resolve(context)
     assert [n.kwargs["executable"] for n in nodes] == [r.spec.executable for r in expected]
-    assert [n.kwargs["name"] for n in nodes] == ["sim_sensors", "perception", "inference"]
-    assert nodes[-1].kwargs["parameters"] == [
-        expected[-1].params_file,
+    assert [n.kwargs["name"] for n in nodes] == [
+        "sim_sensors",
+        "perception",
+        "inference",
+        "viewer",
+    ]
+    assert nodes[2].kwargs["parameters"] == [
+        expected[2].params_file,
         {"model_preset": "tiny", "allow_random_weights": True},
     ]
+    assert nodes[3].kwargs["parameters"] == [expected[3].params_file]
     assert nodes[1].kwargs["parameters"] == [expected[1].params_file, {"model_preset": "tiny"}]
     assert nodes[0].kwargs["parameters"] == [expected[0].params_file]
     assert all(n.kwargs["remappings"] == [] for n in nodes)
     assert all(n.kwargs["package"] == "oxygen_ros" for n in nodes)
-    # launch_ros restarts perception and inference, not the simulator
-    assert [n.kwargs["respawn"] for n in nodes] == [False, True, True]
+    # launch_ros restarts perception, inference and the viewer, not the simulator
+    assert [n.kwargs["respawn"] for n in nodes] == [False, True, True, True]
     assert all(n.kwargs["respawn_delay"] == 2.0 for n in nodes)
 
 
@@ -278,11 +287,30 @@ def test_workcell_launch_file_defaults_the_profile_to_workcell(monkeypatch) -> N
     defaults = {e.args[0]: e.kwargs["default_value"] for e in entities[:-1]}
     assert defaults["profile"] == "workcell" and defaults["use_sim"] == "false"
     assert list(defaults) == [a.name for a in graph.LAUNCH_ARGUMENTS]
-    context = defaults | {"use_sim": "true", "real_time_factor": "0.25"}
+    context = defaults | {"use_sim": "true", "real_time_factor": "0.25", "view": "false"}
     nodes = entities[-1].kwargs["function"](context)
     assert [n.kwargs["name"] for n in nodes] == ["workcell_sim", "perception", "inference"]
     assert nodes[0].kwargs["parameters"][1] == {"real_time_factor": 0.25}
     assert Path(nodes[0].kwargs["parameters"][0]).name == "workcell.yaml"
+
+
+def test_view_and_record_start_their_nodes(tmp_path) -> None:
+    """The viewer by default (view:=false: none); the recorder only with record:=DIR, first
+    (it records from the start), its bag directory as `output_dir`, which must be new."""
+    names = [n.spec.name for n in graph.resolve({"profile": "workcell", "use_sim": "true"})]
+    assert names == ["workcell_sim", "perception", "inference", "viewer"]
+    bag = tmp_path / "bags" / "run1"
+    nodes = graph.resolve({"record": str(bag), "view": "false", "use_sim": "true"})
+    assert [n.spec.name for n in nodes] == ["recorder", "sim_sensors", "perception", "inference"]
+    assert nodes[0].overrides == {"output_dir": str(bag)} and not nodes[0].respawn
+    assert all("output_dir" not in n.overrides for n in nodes[1:])
+    relative = graph.resolve({"record": "rel/bag", "view": "false"})[0].overrides["output_dir"]
+    assert relative == str(Path.cwd() / "rel" / "bag")  # the caller's directory
+    bag.mkdir(parents=True)
+    with pytest.raises(ValueError, match="exists"):
+        graph.resolve({"record": str(bag)})
+    with pytest.raises(ValueError, match="not a boolean"):
+        graph.resolve({"view": "sometimes"})
 
 
 def test_remap_argument_is_checked() -> None:
@@ -380,7 +408,9 @@ def test_model_preset_override_gives_perception_and_inference_one_image_size(
     from oxygen_ros.engine.config import get_model_config
 
     for namespace in ("", "robot1"):
-        nodes = graph.resolve({"profile": profile, "namespace": namespace, "model_preset": preset})
+        nodes = graph.resolve(
+            {"profile": profile, "namespace": namespace, "model_preset": preset, "view": "false"}
+        )
         assert [n.spec.name for n in nodes] == ["perception", "inference"]
         sizes = {}
         for node in nodes:

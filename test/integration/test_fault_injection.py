@@ -45,7 +45,12 @@ from std_msgs.msg import String
 from oxygen_ros import graph
 from oxygen_ros.msg import ActionChunk, MemoryEntry, ObservationFrame, SpeechToken
 from oxygen_ros.nodes.common.conversions import rgb_image_msg, seconds_to_time
-from oxygen_ros.nodes.common.image_conversion import ENCODING_CHANNELS, check_image, encode_image
+from oxygen_ros.nodes.common.image_conversion import (
+    BYTES_PER_PIXEL,
+    ENCODING_CHANNELS,
+    check_image,
+    encode_image,
+)
 from oxygen_ros.nodes.common.runtime import (
     LATCHED_QOS,
     OBSERVATION_QOS,
@@ -514,10 +519,10 @@ def bad_images(draw) -> tuple[str, str, Image, float]:
     offset = 0.0
     if defect == "encoding":
         encoding = draw(
-            st.sampled_from(["yuv422", "16UC1", "bayer_rggb8", "RGB8", "jpeg", "", "rgb16"])
+            st.sampled_from(["nv21", "16UC1", "bayer_rggb8", "RGB8", "jpeg", "", "rgb16"])
             | st.text(st.characters(exclude_categories=("Cs", "Cc")), max_size=12)
         )
-        if encoding in ENCODING_CHANNELS:
+        if encoding in BYTES_PER_PIXEL:  # a supported encoding drawn as text
             encoding += "?"
     elif defect == "size":
         kind = draw(st.sampled_from(["zero_h", "zero_w", "huge", "sliver"]))
@@ -574,7 +579,7 @@ def _img(encoding: str, height: int, width: int, step: int, length: int) -> Imag
 
 # One of each defect, always tried first (hypothesis explicit examples), then random ones.
 IMAGE_EXAMPLES = [
-    ("head", "encoding", _img("yuv422", 4, 4, 8, 32), 0.0),
+    ("head", "encoding", _img("nv21", 4, 4, 8, 32), 0.0),
     ("left_wrist", "encoding", _img("", 4, 4, 12, 48), 0.0),
     ("right_wrist", "encoding_mismatch", _img("rgb8", 4, 4, 12, 48), 0.0),
     ("head", "size", _img("rgb8", 0, 4, 12, 0), 0.0),

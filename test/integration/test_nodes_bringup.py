@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -83,7 +84,12 @@ def run_respawn_bringup(launcher, ros_node, tmp_path) -> None:
     assert proc.alive(), proc.log()
     wait_for(lambda: any(m.final for m in speech), 60, "a finished speech request")
     pids = child_pids(proc.log())
-    assert set(pids) == {"sim_sensors", "perception", "inference"}
+    assert set(pids) == {"sim_sensors", "perception", "inference", "viewer"}
+    # The live view: the bring-up prints the viewer's URL, and its page is served.
+    announced = re.compile(r"\[bringup\] live view: (http://localhost:\d+/\?url=\S+)")
+    wait_for(lambda: announced.search(proc.log()), 60, "the live view's URL")
+    with urllib.request.urlopen(announced.search(proc.log())[1], timeout=10) as page:
+        assert page.status == 200 and b"<html" in page.read(4096).lower()
     assert bringup_status(diagnostics).get("restarts.inference") == "0"
 
     # The console view shows the action rate, the engine and the streamed speech (every 5 s
@@ -125,7 +131,7 @@ def run_respawn_bringup(launcher, ros_node, tmp_path) -> None:
     assert proc.stop(signal.SIGINT, timeout_s=30) == 0, proc.log()
     log = proc.log()
     assert "respawn on: FASTDDS_BUILTIN_TRANSPORTS=UDPv4" in log
-    assert "exit codes {'sim_sensors': 0, 'perception': 0, 'inference': 0}" in log, log
+    assert "exit codes {'sim_sensors': 0, 'perception': 0, 'inference': 0, 'viewer': 0}" in log
     assert all(gone(pid) for pid in [*pids.values(), new_pid])
     assert re.search(r"inference:\w+\(1 restarts\)", log), log  # the console's node line
 
@@ -137,7 +143,8 @@ def test_bringup_duration_and_sigterm_during_start_exit_zero(launcher, tmp_path)
             f"params_file:={params_file(tmp_path)}",
             "--duration",
             "3",
-            "--no-view",
+            "view:=false",
+            "--no-console",
             "--log-dir",
             str(tmp_path / "timed"),
         ],
@@ -148,7 +155,12 @@ def test_bringup_duration_and_sigterm_during_start_exit_zero(launcher, tmp_path)
     assert "'inference': 0" in timed.log()
     terminated = launcher.start(
         "oxygen_ros.bringup",
-        args=[f"params_file:={params_file(tmp_path)}", "--log-dir", str(tmp_path / "term")],
+        args=[
+            f"params_file:={params_file(tmp_path)}",
+            "view:=false",
+            "--log-dir",
+            str(tmp_path / "term"),
+        ],
         name="terminated",
     )
     wait_for(lambda: len(child_pids(terminated.log())) == 3, 15, "children started")
@@ -161,7 +173,8 @@ def test_bringup_duration_and_sigterm_during_start_exit_zero(launcher, tmp_path)
         args=[
             f"params_file:={params_file(tmp_path)}",
             "respawn:=false",
-            "--no-view",
+            "view:=false",
+            "--no-console",
             "--log-dir",
             str(tmp_path / "fixed"),
         ],
@@ -217,7 +230,8 @@ def test_namespaced_bringup_applies_each_nodes_yaml_section_and_the_overrides(
             f"params_file:={path}",
             "namespace:=robot1",
             "model_preset:=tiny",
-            "--no-view",
+            "view:=false",
+            "--no-console",
             "--log-dir",
             str(tmp_path / "logs"),
         ],

@@ -310,7 +310,7 @@ def test_stale_camera_masked_then_restored(perception) -> None:
 
 def test_bad_input_counted_never_fatal(perception) -> None:
     proc, frames, diags, sensors = perception
-    bad = Image(height=10, width=10, encoding="yuv422", step=20, data=bytes(200))
+    bad = Image(height=10, width=10, encoding="nv21", step=20, data=bytes(200))
     sensors.bad_image = bad
     wait_for(
         lambda: int(latest_counters(diags).get("rejected.encoding", 0)) > 0,

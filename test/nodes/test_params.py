@@ -29,6 +29,8 @@ from oxygen_ros.nodes.perception.params import (
     PERCEPTION_CAMERA,
     TARGET_CUBE_STATES,
 )
+from oxygen_ros.nodes.recorder.params import RECORDER
+from oxygen_ros.nodes.viewer.params import VIEWER
 from oxygen_ros.nodes.workcell.params import (
     EXPERT,
     EXPERT_CAMERA,
@@ -46,18 +48,22 @@ PROFILE_NODES = {
         "sim_sensors": (SHARED + SIM_SENSORS, SIM_CAMERA),
         "perception": (SHARED + PERCEPTION, PERCEPTION_CAMERA),
         "inference": (SHARED + INFERENCE, ()),
+        "viewer": (SHARED + VIEWER, ()),
+        "recorder": (RECORDER, ()),
     },
     "workcell": {
         "workcell_sim": (SHARED + WORKCELL_SIM, WORKCELL_CAMERA),
         "perception": (SHARED + PERCEPTION, PERCEPTION_CAMERA),
         "inference": (SHARED + INFERENCE, ()),
+        "viewer": (SHARED + VIEWER, ()),
+        "recorder": (RECORDER, ()),
     },
 }
 PROFILE_NODES["workcell"]["expert"] = (EXPERT_SHARED + EXPERT, EXPERT_CAMERA)
 NODE_SPECS = PROFILE_NODES["humanoid"]
 PROFILE_NODE_PAIRS = [(prof, node) for prof, nodes in PROFILE_NODES.items() for node in nodes]
 # Nodes that follow the simulator's /clock in the workcell profile (the simulator never does).
-SIM_TIME_NODES = {"perception", "inference", "expert"}
+SIM_TIME_NODES = {"perception", "inference", "expert", "viewer"}
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:

@@ -86,6 +86,7 @@ from std_msgs.msg import String
 from oxygen_ros.engine.action_stream import StreamConfig
 from oxygen_ros.engine.types import RequestKind
 from oxygen_ros.msg import EpisodeStatus, MemoryEntry, ObservationFrame, SpeechToken
+from oxygen_ros.nodes.common.deduplicator import Deduplicator
 from oxygen_ros.nodes.common.parameters import NodeParameters, ParameterError
 from oxygen_ros.nodes.common.params import SHARED
 from oxygen_ros.nodes.common.runtime import (
@@ -112,7 +113,7 @@ from oxygen_ros.nodes.inference.engine_loop import EngineLoop, FrameFormat
 from oxygen_ros.nodes.inference.frame_inbox import FrameInbox
 from oxygen_ros.nodes.inference.frame_intake import FrameIntake
 from oxygen_ros.nodes.inference.instruct_server import InstructServer
-from oxygen_ros.nodes.inference.instruction_intake import Deduplicator
+from oxygen_ros.nodes.inference.instruction_intake import HISTORY as INSTRUCTION_HISTORY
 from oxygen_ros.nodes.inference.memory_store import MemoryStore
 from oxygen_ros.nodes.inference.node_diagnostics import InferenceDiagnostics
 from oxygen_ros.nodes.inference.node_inputs import InferenceInputs
@@ -228,7 +229,7 @@ class InferenceNode(InferenceInputs, InferenceOutputs, InferenceDiagnostics, Lif
         )
         # Instructions from latched and volatile publishers; a latched message reaches both
         # subscriptions and is counted once (`_on_instruction`).
-        self._instructions_seen = Deduplicator()
+        self._instructions_seen = Deduplicator(INSTRUCTION_HISTORY)
         self._status_episode = 0  # the newest episode task_status_topic reported (0: none)
         subscribe_latched_and_volatile(
             self,

@@ -11,17 +11,16 @@ ROS-free: a message is identified by what DDS reports with it (rclpy's message i
 timestamp, publication sequence number) plus its text.
 
 Invariants:
-- `accept(key)` is True exactly once per key among the last `history` keys seen; a message
-  from a latched publisher (same key on both subscriptions) is accepted once, two
-  publications of the same text (different source timestamps) twice.
+- With `common.deduplicator.Deduplicator(HISTORY)`, a message from a latched publisher (the same
+  `message_key` on both subscriptions) is accepted once, two publications of the same text
+  (different source timestamps) twice.
 """
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Mapping
 
-HISTORY = 64  # keys remembered; the two copies of a message arrive within a few messages
+HISTORY = 64  # keys remembered (common.deduplicator); a message's two copies come close
 
 
 def message_key(info: Mapping[str, int], text: str) -> tuple[int, int, str]:
@@ -31,22 +30,3 @@ def message_key(info: Mapping[str, int], text: str) -> tuple[int, int, str]:
         int(info.get("publication_sequence_number", 0)),
         text,
     )
-
-
-class Deduplicator:
-    """Accepts each key once among the last `history` keys."""
-
-    def __init__(self, history: int = HISTORY) -> None:
-        if history < 1:
-            raise ValueError(f"history must be >= 1, got {history}")
-        self._order: collections.deque = collections.deque(maxlen=history)
-        self._seen: set = set()
-
-    def accept(self, key: object) -> bool:
-        if key in self._seen:
-            return False
-        if len(self._order) == self._order.maxlen:
-            self._seen.discard(self._order[0])
-        self._order.append(key)
-        self._seen.add(key)
-        return True

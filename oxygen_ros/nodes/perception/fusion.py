@@ -59,7 +59,7 @@ class CameraSpec:
 
     name: str  # camera name (the YAML key under `cameras`)
     slot: str  # model image slot it fills, e.g. base_0_rgb
-    topic: str  # sensor_msgs/Image topic
+    topic: str  # image topic (image_transport's base topic: raw or <topic>/compressed)
     encoding: str = ""  # expected encoding; "" accepts every supported encoding
 
 

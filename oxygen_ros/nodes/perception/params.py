@@ -147,14 +147,47 @@ PERCEPTION: tuple[ParamSpec, ...] = (
         check=float_range(0.0, 60.0),
     ),
 )
+# image_conversion.BYTES_PER_PIXEL's keys (a test keeps them equal; not imported, so params stay
+# free of numpy and openpi_client)
+RAW_ENCODINGS = (
+    *("rgb8", "bgr8", "rgba8", "bgra8", "mono8"),
+    *("uyvy", "yuv422", "yuyv", "yuv422_yuy2"),
+)
+TRANSPORTS = ("raw", "compressed")  # camera_input.TRANSPORTS
 PERCEPTION_CAMERA: tuple[ParamSpec, ...] = (
-    ParamSpec("topic", "", "image topic", "str", check=topic_name),
+    ParamSpec("topic", "", "image topic (image_transport's base topic)", "str", check=topic_name),
     ParamSpec("slot", "", "model image slot this camera fills", "str", check=non_empty),
+    ParamSpec(
+        "transport",
+        "raw",
+        "as image_transport's transports: raw (sensor_msgs/Image on topic) or compressed "
+        "(sensor_msgs/CompressedImage, JPEG or PNG, on <topic>/compressed, image_transport's "
+        "naming; decoded with Pillow)",
+        "str",
+        check=one_of(*TRANSPORTS),
+    ),
     ParamSpec(
         "encoding",
         "",
-        "expected encoding ('' accepts every supported one)",
+        "expected encoding of a raw image, or the camera encoding a compressed image's format "
+        "names ('' accepts every supported one; yuv422 is UYVY, yuv422_yuy2 YUYV, both BT.601 "
+        "limited range)",
         "str",
-        check=one_of("", "rgb8", "bgr8", "rgba8", "bgra8", "mono8"),
+        check=one_of("", *RAW_ENCODINGS),
+    ),
+    ParamSpec(
+        "width",
+        0,
+        "with transport compressed: the width a decoded image must have (0 = any); a raw "
+        "image's header gives its own size",
+        "int",
+        check=int_range(0, 65535),
+    ),
+    ParamSpec(
+        "height",
+        0,
+        "with transport compressed: the height a decoded image must have (0 = any)",
+        "int",
+        check=int_range(0, 65535),
     ),
 )

@@ -1,19 +1,22 @@
 """Perception: configured cameras + joint states -> `ObservationFrame`s at observation_rate_hz.
 
-Thin ROS shell around `fusion.Fuser` (which frame to build) and `image_conversion` (pixels):
-subscriptions validate and hand samples to the fuser; a frame is built, converted and
-published when a new joint-state snapshot completes (`frame_trigger: joint_state`, at most
+Thin ROS shell around `fusion.Fuser` (which frame to build) and `camera_input.CameraInput`
+(each camera's transport, raw `Image` or `CompressedImage` as image_transport names them, and
+its pixels): subscriptions validate and hand samples to the fuser; a frame is built, converted
+and published when a new joint-state snapshot completes (`frame_trigger: joint_state`, at most
 `observation_rate_hz`: `fusion.SnapshotTrigger`) or on a timer at `observation_rate_hz`
 (`frame_trigger: timer`).
 
 Invariants:
 - Bad input never reaches the model and never stops the node: every rejected message is
   counted by reason (diagnostics `rejected.<reason>`) and logged with a throttled warning.
-- An image is converted (to rgb8 at the model resolution, aspect-preserving with padding)
-  when a frame uses it, or, with `convert_on_arrival`, as it arrives (so building a frame
-  costs no conversion when it uses each camera's newest image); the converted image of each
-  camera's newest use is kept, so an image is converted once unless a frame goes back to an
-  older one. Frames carry only converted images.
+- An image (raw, or compressed and decoded) is converted (to rgb8 at the model resolution,
+  aspect-preserving with padding) when a frame uses it, or, with `convert_on_arrival`, as it
+  arrives and before the fuser takes it (so building a frame costs no conversion when it uses
+  each camera's newest image, and an image that fails to decode is never offered); the
+  converted image of each camera's newest use is kept, so an image is converted once unless a
+  frame goes back to an older one. Frames carry only converted images: one that fails to
+  decode when its frame is built leaves its slot masked (counted once, `rejected.<reason>`).
 - The model resolution is `model_preset`'s `image_resolution` (the parameter the inference
   node builds its engine from), never a size of its own: the only images inference accepts.
 - Frames follow `Fuser.fuse`: no frame while the joint state or every camera is stale/absent;
@@ -68,6 +71,7 @@ Invariants:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import sys
 import time
@@ -76,18 +80,13 @@ from collections.abc import Sequence
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.node import Node
-from sensor_msgs.msg import Image, JointState
+from sensor_msgs.msg import JointState
 from std_msgs.msg import String
 
 from oxygen_ros.engine.config import get_model_config
 from oxygen_ros.msg import EpisodeStatus, ObservationFrame
 from oxygen_ros.nodes.common.conversions import time_to_seconds
-from oxygen_ros.nodes.common.image_conversion import (
-    ImageConversionError,
-    check_image,
-    decode_image,
-    to_model_image,
-)
+from oxygen_ros.nodes.common.image_conversion import ImageConversionError
 from oxygen_ros.nodes.common.parameters import NodeParameters, ParameterError, camera_specs
 from oxygen_ros.nodes.common.params import SHARED
 from oxygen_ros.nodes.common.runtime import (
@@ -100,6 +99,7 @@ from oxygen_ros.nodes.common.runtime import (
     run_node,
 )
 from oxygen_ros.nodes.common.sliding_window import SlidingWindow
+from oxygen_ros.nodes.perception.camera_input import CameraInput
 from oxygen_ros.nodes.perception.conversions import observation_frame_msg
 from oxygen_ros.nodes.perception.fusion import (
     CameraSpec,
@@ -164,7 +164,16 @@ class PerceptionNode(Node):
         # Frames held from a reset until its episode's instruction (cube_state: target[_m]).
         self._instruction_wait = InstructionWait(p["reset_instruction_timeout_s"])
         self._out_size = get_model_config(p["model_preset"]).image_resolution  # (rows, cols)
-        self._converted: dict[str, tuple[float, np.ndarray]] = {}  # camera -> (stamp, image)
+        self._inputs = {  # camera -> its transport, checks and decodes
+            c.name: CameraInput(
+                c,
+                p[f"cameras.{c.name}.transport"],
+                (p[f"cameras.{c.name}.height"], p[f"cameras.{c.name}.width"]),
+                self._out_size,
+                p["max_image_dim"],
+            )
+            for c in self._cameras
+        }
         self.counters: collections.Counter[str] = collections.Counter()
         self._throttle = ReasonThrottle(THROTTLE_S)  # per rejection / skip reason
         self._sequence = 0
@@ -192,9 +201,10 @@ class PerceptionNode(Node):
                 LATCHED_QOS,
             )
         for camera in self._cameras:
+            source = self._inputs[camera.name]
             self.create_subscription(
-                Image,
-                camera.topic,
+                source.msg_type,
+                source.topic,
                 lambda msg, c=camera: self._guarded(self._on_image, c, msg),
                 SENSOR_QOS,
             )
@@ -270,26 +280,14 @@ class PerceptionNode(Node):
                 throttle_duration_sec=THROTTLE_S,
             )
 
-    def _on_image(self, camera: CameraSpec, msg: Image) -> None:
+    def _on_image(self, camera: CameraSpec, msg) -> None:
+        """A raw `Image` or a `CompressedImage`, as the camera's transport subscribes."""
         now = now_s(self)
-        if camera.encoding and msg.encoding != camera.encoding:
-            self._reject(
-                "encoding_mismatch",
-                f"{camera.name}: encoding {msg.encoding!r}, configured {camera.encoding!r}",
-            )
-            return
         try:
-            check_image(
-                msg.height,
-                msg.width,
-                msg.encoding,
-                msg.step,
-                len(msg.data),
-                max_dim=self.params["max_image_dim"],
-                out_height=self._out_size[0],
-                out_width=self._out_size[1],
-            )
+            self._inputs[camera.name].check(msg)  # headers only: no pixel decoded
             stamp = self._stamp(msg.header.stamp, now)
+            if self.params["convert_on_arrival"] and self._convert(camera, msg) is None:
+                return  # does not decode: counted, never offered to the fuser
             self._fuser.add_image(camera.name, stamp, msg, now)
         except (ImageConversionError, RejectedInputError) as exc:
             self._reject(exc.reason, f"{camera.name} image: {exc}")
@@ -297,8 +295,6 @@ class PerceptionNode(Node):
         if camera is self._cube_camera:
             self._window.received(stamp)  # taken before any instruction handled from now on
         self.counters[f"images.{camera.name}"] += 1
-        if self.params["convert_on_arrival"]:
-            self._convert(camera, msg, stamp)  # off the frame's critical path
 
     def _on_joints(self, msg: JointState) -> None:
         now = now_s(self)
@@ -371,14 +367,10 @@ class PerceptionNode(Node):
             frame = self._with_cubes(frame)
         by_slot = {c.slot: c for c in self._cameras}
         images: list[np.ndarray | None] = []
-        for slot, payload, stamp in zip(
-            frame.slots, frame.payloads, frame.image_stamps, strict=True
-        ):
+        for slot, payload in zip(frame.slots, frame.payloads, strict=True):
             if payload is None and slot in by_slot:  # a configured camera absent or stale
                 self.counters[f"masked.{by_slot[slot].name}"] += 1
-            images.append(
-                None if payload is None else self._convert(by_slot[slot], payload, stamp)
-            )
+            images.append(None if payload is None else self._convert(by_slot[slot], payload))
         msg = observation_frame_msg(
             frame, images, self._sequence, self.params["frame_id"], *self._out_size
         )
@@ -497,11 +489,9 @@ class PerceptionNode(Node):
         camera = self._cube_camera
         payload = frame.payloads[frame.slots.index(camera.slot)]
         image = None
-        if payload is not None:
-            try:
-                image = decode_image(*_buffer(payload), max_dim=self.params["max_image_dim"])
-            except ImageConversionError as exc:  # checked on arrival; kept for safety
-                self._reject(exc.reason, f"{camera.name} image: {exc}")
+        # A compressed image that does not decode: counted when the frame's slot is converted.
+        with contextlib.suppress(ImageConversionError):
+            image = None if payload is None else self._inputs[camera.name].rgb(payload)
         if image is None:
             self.counters["cube_state.unseen"] += 1
         else:
@@ -522,20 +512,14 @@ class PerceptionNode(Node):
             velocities=velocities,
         )
 
-    def _convert(self, camera: CameraSpec, msg: Image, stamp: float) -> np.ndarray | None:
-        cached = self._converted.get(camera.name)
-        if cached is not None and cached[0] == stamp:
-            return cached[1]
-        try:
-            image = to_model_image(
-                *_buffer(msg), *self._out_size, max_dim=self.params["max_image_dim"]
-            )
-        except ImageConversionError as exc:  # checked on arrival; kept for safety
-            self._reject(exc.reason, f"{camera.name} image: {exc}")
-            return None
-        self.counters[f"converted.{camera.name}"] += 1
-        self._converted[camera.name] = (stamp, image)
-        return image
+    def _convert(self, camera: CameraSpec, msg) -> np.ndarray | None:
+        """The model image of `msg` (None: it does not decode, counted once)."""
+        result = self._inputs[camera.name].model_image(msg)
+        if result.error is not None:
+            self._reject(result.error.reason, f"{camera.name} image: {result.error}")
+        elif result.new:
+            self.counters[f"converted.{camera.name}"] += 1
+        return result.image
 
     # ---------------------------------------------------------------- params, diagnostics
     def _on_params(self, changed: dict) -> None:
@@ -589,11 +573,6 @@ class PerceptionNode(Node):
     def close(self) -> None:
         self._frame_timer.cancel()
         self._diag_timer.cancel()
-
-
-def _buffer(msg: Image) -> tuple:
-    """(height, width, encoding, step, data): what image_conversion decodes."""
-    return msg.height, msg.width, msg.encoding, msg.step, msg.data
 
 
 def main(args: Sequence[str] | None = None) -> int:

@@ -87,7 +87,7 @@ def test_encode_image_round_trip(encoding: str, padding: int) -> None:
         np.testing.assert_array_equal(out, rgb)
 
 
-@pytest.mark.parametrize("encoding", ["16UC1", "yuv422", "bayer_rggb8", "RGB8", "", "32FC1"])
+@pytest.mark.parametrize("encoding", ["16UC1", "yuv420", "bayer_rggb8", "RGB8", "", "32FC1"])
 def test_unknown_encodings_rejected(encoding: str) -> None:
     with pytest.raises(ImageConversionError) as info:
         decode_image(H, W, encoding, W * 3, bytes(H * W * 3))
@@ -158,3 +158,116 @@ def test_to_model_image_from_padded_bgr() -> None:
     assert out.shape == (224, 224, 3)
     assert np.all(out[112, 112] == [255, 0, 0])  # still red after the channel swap
     assert np.all(out[0, 0] == 0)  # padding
+
+
+# ---------------------------------------------------------------- YUV 4:2:2 (driver encodings)
+def reference_bt601(y: int, u: int, v: int) -> tuple[int, int, int]:
+    """One pixel, BT.601 limited range, with the textbook's rounded coefficients (as in the
+    ITU-R BT.601 conversion tables), per pixel in plain Python: independent of the code's
+    derivation from Kr, Kb and its vectorised path."""
+    c, d, e = y - 16, u - 128, v - 128
+    r = 1.164383 * c + 1.596027 * e
+    g = 1.164383 * c - 0.391762 * d - 0.812968 * e
+    b = 1.164383 * c + 2.017232 * d
+    return tuple(min(255, max(0, round(x))) for x in (r, g, b))
+
+
+def yuv_planes(height: int, width: int, seed: int = 0):
+    """Random Y per pixel and U, V per pair of pixels (covering the whole 0..255 range, so
+    clipping is exercised too)."""
+    rng = np.random.default_rng(seed)
+    luma = rng.integers(0, 256, (height, width))
+    chroma = rng.integers(0, 256, (height, width // 2, 2))
+    return luma, chroma
+
+
+def pack_yuv(luma, chroma, order: str, padding: int = 0) -> tuple[int, bytes]:
+    """The buffer byte by byte: order "YUYV" or "UYVY" per pair of pixels."""
+    height, width = luma.shape
+    out = bytearray()
+    for yy in range(height):
+        for pair in range(width // 2):
+            sample = {
+                "Y0": luma[yy, 2 * pair],
+                "Y1": luma[yy, 2 * pair + 1],
+                "U": chroma[yy, pair, 0],
+                "V": chroma[yy, pair, 1],
+            }
+            names = ("Y0", "U", "Y1", "V") if order == "YUYV" else ("U", "Y0", "V", "Y1")
+            out += bytes(int(sample[n]) for n in names)
+        out += bytes([0xEE] * padding)
+    return 2 * width + padding, bytes(out)
+
+
+def reference_rgb(luma, chroma) -> np.ndarray:
+    height, width = luma.shape
+    out = np.zeros((height, width, 3), dtype=np.uint8)
+    for yy in range(height):
+        for xx in range(width):
+            u, v = chroma[yy, xx // 2]
+            out[yy, xx] = reference_bt601(int(luma[yy, xx]), int(u), int(v))
+    return out
+
+
+@pytest.mark.parametrize("padding", [0, 6])
+@pytest.mark.parametrize(
+    ("encoding", "order"),
+    [("yuv422_yuy2", "YUYV"), ("yuyv", "YUYV"), ("uyvy", "UYVY"), ("yuv422", "UYVY")],
+)
+def test_yuv422_matches_an_independent_bt601_reference(encoding, order, padding) -> None:
+    """yuv422 is UYVY and yuv422_yuy2 is YUYV (sensor_msgs/image_encodings); every pixel
+    within one level of the per-pixel reference (float rounding at .5), nearly all equal."""
+    luma, chroma = yuv_planes(6, 10)
+    step, data = pack_yuv(luma, chroma, order, padding)
+    out = decode_image(6, 10, encoding, step, data)
+    assert out.dtype == np.uint8 and out.shape == (6, 10, 3) and out.flags.c_contiguous
+    diff = np.abs(out.astype(int) - reference_rgb(luma, chroma).astype(int))
+    assert diff.max() <= 1 and (diff == 0).mean() >= 0.98, diff.max()
+
+
+def test_yuv422_anchor_colours() -> None:
+    """Video-range black, white and the BT.601 primaries come out at full range."""
+    # (Y, U, V) per pair of identical pixels -> RGB; primaries from BT.601's 8-bit table.
+    anchors = {
+        (16, 128, 128): (0, 0, 0),
+        (235, 128, 128): (255, 255, 255),
+        (126, 128, 128): (128, 128, 128),
+        (81, 90, 240): (255, 0, 0),
+        (145, 54, 34): (0, 255, 0),
+        (41, 240, 110): (0, 0, 255),
+    }
+    luma = np.array([[y for (y, _u, _v) in anchors for _ in range(2)]])
+    chroma = np.array([[[u, v] for (_y, u, v) in anchors]])
+    step, data = pack_yuv(luma, chroma, "UYVY")
+    out = decode_image(1, luma.shape[1], "uyvy", step, data)
+    expected = np.repeat(np.array(list(anchors.values())), 2, axis=0)
+    assert np.abs(out[0].astype(int) - expected).max() <= 2, out[0]
+
+
+def test_yuyv_and_uyvy_differ_on_the_same_bytes() -> None:
+    """Positive control for the byte order: the same buffer read as the other order is
+    another image."""
+    luma, chroma = yuv_planes(4, 8, seed=1)
+    step, data = pack_yuv(luma, chroma, "YUYV")
+    assert not np.array_equal(
+        decode_image(4, 8, "yuv422_yuy2", step, data), decode_image(4, 8, "uyvy", step, data)
+    )
+
+
+@pytest.mark.parametrize("encoding", ["uyvy", "yuv422", "yuv422_yuy2"])
+def test_yuv422_odd_width_rejected(encoding: str) -> None:
+    with pytest.raises(ImageConversionError) as info:
+        decode_image(2, 5, encoding, 10, bytes(20))
+    assert info.value.reason == "odd_width"
+    with pytest.raises(ImageConversionError) as info:  # and the usual header checks
+        decode_image(2, 6, encoding, 11, bytes(22))
+    assert info.value.reason == "step"
+    decode_image(2, 6, encoding, 12, bytes(24))  # control: the even width decodes
+
+
+def test_to_model_image_from_yuv() -> None:
+    luma = np.full((48, 64), 235)
+    chroma = np.full((48, 32, 2), 128)
+    step, data = pack_yuv(luma, chroma, "YUYV", padding=4)
+    out = to_model_image(48, 64, "yuv422_yuy2", step, data, 224, 224)
+    assert np.all(out[112, 112] == 255) and np.all(out[0, 0] == 0)  # white, padded

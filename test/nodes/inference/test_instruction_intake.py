@@ -2,7 +2,8 @@
 
 import pytest
 
-from oxygen_ros.nodes.inference.instruction_intake import Deduplicator, message_key
+from oxygen_ros.nodes.common.deduplicator import Deduplicator
+from oxygen_ros.nodes.inference.instruction_intake import HISTORY, message_key
 
 
 def info(source_ns: int, sequence: int) -> dict:
@@ -15,7 +16,7 @@ def info(source_ns: int, sequence: int) -> dict:
 
 
 def test_one_publication_through_both_subscriptions_counts_once() -> None:
-    seen = Deduplicator()
+    seen = Deduplicator(HISTORY)
     latched = message_key(info(100, 1), "pick the cup")
     assert seen.accept(latched) is True
     assert seen.accept(message_key(info(100, 1), "pick the cup")) is False  # the other route
