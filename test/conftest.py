@@ -3,7 +3,6 @@ private log directory, set before anything imports rclpy."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -67,40 +66,11 @@ def ros_node(request):
     node.close()
 
 
-FILE_SECONDS = Path(__file__).with_name("file_seconds.json")  # {path from the root: seconds}
-
-
 def pytest_collection_modifyitems(config, items) -> None:
-    """The longest files run first (stable: each file's own order is kept). pytest-xdist hands
-    out whole files (`--dist loadfile`, with `--no-loadscope-reorder`: its own reordering puts
-    files with many tests first) in collection order, so the long files start early and the
-    short ones fill in at the end, instead of a long file last keeping one worker busy while
-    the other has nothing left. A file's time is from `file_seconds.json` (written by a run with
-    OXYGEN_WRITE_FILE_SECONDS set); a file not in it counts 30 s with a slow test, else 0."""
-    known = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.is_file() else {}
-    root = config.rootpath
+    """Files with slow tests first (stable: each file's own order is kept). Under pytest-xdist
+    this orders only files with as many tests: `--dist loadfile` hands out files by their number
+    of tests, most first (its `--loadscope-reorder`, on by default). Handing them out longest
+    first instead (`--no-loadscope-reorder`, measured times) made a clean-clone run slower: the
+    heavy JAX files then ran side by side on the two cores (test_train 140 s against 86 s)."""
     slow = {item.path for item in items if item.get_closest_marker("slow")}
-
-    def seconds(item) -> float:
-        default = 30.0 if item.path in slow else 0.0
-        return known.get(os.path.relpath(item.path, root), default)
-
-    items.sort(key=lambda item: -seconds(item))
-
-
-_file_seconds: dict[str, float] = {}
-
-
-def pytest_runtest_logreport(report) -> None:
-    """Sums each file's setup, call and teardown times (in xdist's controller too)."""
-    if os.environ.get("OXYGEN_WRITE_FILE_SECONDS"):
-        path = report.nodeid.split("::")[0]
-        _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
-
-
-def pytest_sessionfinish(session) -> None:
-    """With OXYGEN_WRITE_FILE_SECONDS=1, the run's per-file times replace file_seconds.json
-    (written by the controller, or by the only process without xdist)."""
-    if os.environ.get("OXYGEN_WRITE_FILE_SECONDS") and _WORKER is None and _file_seconds:
-        table = {p: round(s) for p, s in sorted(_file_seconds.items(), key=lambda kv: -kv[1])}
-        FILE_SECONDS.write_text(json.dumps({p: s for p, s in table.items() if s >= 3}, indent=0))
+    items.sort(key=lambda item: item.path not in slow)
