@@ -102,19 +102,9 @@ else
 fi
 
 # 3. Known wheel defect: exported CMake targets hard-code the wheel build machine's interpreter
-#    include dir and numpy include dir. Point them at this venv's (idempotent: the pattern no
-#    longer matches after the first rewrite).
-py_inc="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
-np_inc="$("$VENV/bin/python" -c 'import numpy; print(numpy.get_include())')"
-mapfile -t broken < <(grep -rlE '/opt/python/cp3[0-9]+-cp3[0-9]+' "$VENV/share" \
-  --include='*.cmake' 2>/dev/null || true)
-if ((${#broken[@]})); then
-  log "repairing ${#broken[@]} exported CMake files of the ROS wheels"
-  sed -i -E \
-    -e "s#/opt/python/cp3[0-9]+-cp3[0-9]+/lib/python3\.[0-9]+/site-packages/numpy/(_core|core)/include#${np_inc}#g" \
-    -e "s#/opt/python/cp3[0-9]+-cp3[0-9]+/include/python3\.[0-9]+#${py_inc}#g" \
-    "${broken[@]}"
-fi
+#    include dir and numpy include dir. Point them at this venv's, by their real paths (the
+#    venv is shared by clones; idempotent: scripts/repair_ros_cmake.py).
+"$VENV/bin/python" "$ROOT/scripts/repair_ros_cmake.py" "$VENV"
 
 # 4. colcon build of this repository (a workspace whose src/ holds the repository).
 mkdir -p "$WS/src"
